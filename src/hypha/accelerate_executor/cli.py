@@ -1,0 +1,47 @@
+"""The `hypha-accelerate` console command.
+
+Each sub-command lives in the module of the part it belongs to and is imported only
+when called, so the host-side commands never import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# sub-command -> (module, one-line help). Each module has `main(argv: list[str]) -> int`.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("hypha.accelerate_executor.shim.run", "run one job's executor container (the worker starts this)"),
+    "worker-config": ("hypha.accelerate_executor.shim.worker_config", "print worker TOML [[executors]] entries"),
+    "doctor": ("hypha.accelerate_executor.shim.doctor", "check Docker, images, GPU runtime and work dir permissions"),
+    "build": ("hypha.accelerate_executor.shim.build", "build the executor image of one variant or all"),
+    "local": ("hypha.accelerate_executor.local.cli", "local stand-in for the Hypha side: demo, coordinator, worker"),
+    "schema": ("hypha.accelerate_executor.job", "print the job spec's JSON Schema"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: hypha-accelerate COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {name:<14} {help_}" for name, (_, help_) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help"):
+        print(usage())
+        return 0 if args else 2
+    if args[0] == "--version":
+        from hypha.accelerate_executor import __version__
+
+        print(__version__)
+        return 0
+    if args[0] not in COMMANDS:
+        print(f"hypha-accelerate: unknown command {args[0]!r}; try --help", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[args[0]][0])
+    return int(module.main(args[1:]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
