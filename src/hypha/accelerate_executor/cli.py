@@ -11,11 +11,26 @@ import sys
 
 # sub-command -> (module, one-line help). Each module has `main(argv: list[str]) -> int`.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("hypha.accelerate_executor.shim.run", "run one job's executor container (the worker starts this)"),
-    "worker-config": ("hypha.accelerate_executor.shim.worker_config", "print worker TOML [[executors]] entries"),
-    "doctor": ("hypha.accelerate_executor.shim.doctor", "check Docker, images, GPU runtime and work dir permissions"),
-    "build": ("hypha.accelerate_executor.shim.build", "build the executor image of one variant or all"),
-    "local": ("hypha.accelerate_executor.local.cli", "local stand-in for the Hypha side: demo, coordinator, worker"),
+    "run": (
+        "hypha.accelerate_executor.shim.run",
+        "run one job's executor container (the worker starts this)",
+    ),
+    "worker-config": (
+        "hypha.accelerate_executor.shim.worker_config",
+        "print worker TOML [[executors]] entries",
+    ),
+    "doctor": (
+        "hypha.accelerate_executor.shim.doctor",
+        "check Docker, images, GPU runtime and work dir permissions",
+    ),
+    "build": (
+        "hypha.accelerate_executor.shim.build",
+        "build the executor image of one variant or all",
+    ),
+    "local": (
+        "hypha.accelerate_executor.local.cli",
+        "local stand-in for the Hypha side: demo, coordinator, worker",
+    ),
     "schema": ("hypha.accelerate_executor.job", "print the job spec's JSON Schema"),
 }
 

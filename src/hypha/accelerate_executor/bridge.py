@@ -1,0 +1,191 @@
+"""Client of the worker's Job Bridge: HTTP/1.1 over the Unix socket in WORK_DIR.
+
+Every path the bridge hands back is checked against the work dir before it is used.
+A bridge that cannot be reached, or that closes the update stream, raises
+BridgeGoneError: the executor's cue to exit, since the worker has stopped the job.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hypha.accelerate_executor.errors import BridgeError, BridgeGoneError
+from hypha.accelerate_executor.job import PeersReference, Reference
+from hypha.accelerate_executor.paths import resolve_in_work_dir
+
+# The bridge writes `: keepalive` every 5 s; three missed in a row means it is gone.
+STREAM_SILENCE_LIMIT_S = 15.0
+REQUEST_TIMEOUT_S = 60.0
+# A fetch downloads model weights: allow it time, but never forever.
+FETCH_TIMEOUT_S = 3600.0
+
+_CONNECTION_LOST = (ConnectionError, FileNotFoundError, http.client.RemoteDisconnected)
+
+
+@dataclass(frozen=True)
+class BridgeFile:
+    """A file the bridge placed in the work dir."""
+
+    path: Path  # absolute, checked to lie inside the work dir
+    size: int
+
+
+@dataclass(frozen=True)
+class ReceivedFile(BridgeFile):
+    from_peer: str
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, socket_path: Path, timeout: float) -> None:
+        super().__init__("hypha", timeout=timeout)
+        self._socket_path = socket_path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(str(self._socket_path))
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+def _wire(reference: Reference) -> dict[str, Any]:
+    return reference.model_dump(mode="json", by_alias=True)
+
+
+class BridgeClient:
+    def __init__(self, socket_path: Path, work_dir: Path) -> None:
+        self.socket_path = socket_path
+        self.work_dir = work_dir
+
+    def fetch(self, reference: Reference) -> list[BridgeFile]:
+        """Asks the bridge to place the referenced files under artifacts/; returns them."""
+        answer = self._post_json("/resources/fetch", _wire(reference), FETCH_TIMEOUT_S)
+        if not isinstance(answer, list):
+            raise BridgeError("/resources/fetch", 200, "bad_answer", "expected a list of files")
+        return [self._file(entry) for entry in answer]
+
+    def send(self, reference: PeersReference, relative_path: str) -> None:
+        """Hands a file to the bridge for the peers. It is sent after this returns:
+        the caller must not touch the file again."""
+        body = {"resource": _wire(reference), "path": relative_path}
+        self._post_json("/resources/send", body, REQUEST_TIMEOUT_S)
+
+    def status(self, progress: Any) -> dict[str, Any]:
+        """Sends a Progress message; returns the scheduler's answer."""
+        answer = self._post_json("/status/send", progress, REQUEST_TIMEOUT_S)
+        if not isinstance(answer, dict) or "type" not in answer:
+            raise BridgeError(
+                "/status/send", 200, "bad_answer", f"not a scheduler answer: {answer!r}"
+            )
+        return answer
+
+    def receive(
+        self, reference: PeersReference, relative_dir: str = "incoming"
+    ) -> Iterator[ReceivedFile]:
+        """Opens the job's one receive stream now; the iterator yields each file a peer pushes.
+
+        The stream is meant to stay open for the whole job: it ending, or falling silent
+        for longer than the keepalive period allows, raises BridgeGoneError.
+        """
+        route = "/resources/receive"
+        body = json.dumps({"resource": _wire(reference), "path": relative_dir}).encode()
+        connection = _UnixHTTPConnection(self.socket_path, STREAM_SILENCE_LIMIT_S)
+        try:
+            response = self._exchange(connection, route, body)
+            if response.status != 200:
+                self._raise_for(route, response.status, response.read())
+        except BaseException:
+            connection.close()
+            raise
+        return self._events(connection, response)
+
+    def _events(
+        self, connection: _UnixHTTPConnection, response: http.client.HTTPResponse
+    ) -> Iterator[ReceivedFile]:
+        try:
+            data_lines: list[str] = []
+            while True:
+                raw = response.readline()
+                if not raw:
+                    raise BridgeGoneError("the bridge closed the update stream")
+                line = raw.decode("utf-8").rstrip("\r\n")
+                if line.startswith("data:"):
+                    data_lines.append(line[5:].removeprefix(" "))
+                elif not line and data_lines:
+                    yield self._received(json.loads("\n".join(data_lines)))
+                    data_lines = []
+                # Comments (`: keepalive`) and other SSE fields carry nothing for us.
+        except TimeoutError:
+            raise BridgeGoneError(
+                f"the bridge sent nothing on the update stream for {STREAM_SILENCE_LIMIT_S:.0f} s"
+            ) from None
+        except _CONNECTION_LOST as exc:
+            raise BridgeGoneError(f"lost the update stream: {exc}") from None
+        finally:
+            connection.close()
+
+    def _file(self, entry: Any) -> BridgeFile:
+        path, size = self._checked_entry(entry)
+        return BridgeFile(path, size)
+
+    def _received(self, entry: Any) -> ReceivedFile:
+        path, size = self._checked_entry(entry)
+        return ReceivedFile(path, size, str(entry.get("from_peer", "")))
+
+    def _checked_entry(self, entry: Any) -> tuple[Path, int]:
+        if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+            raise BridgeError("bridge", 200, "bad_answer", f"not a file entry: {entry!r}")
+        return resolve_in_work_dir(self.work_dir, entry["path"]), int(entry.get("size", 0))
+
+    def _post_json(self, route: str, payload: Any, timeout: float) -> Any:
+        # allow_nan=False: the bridge refuses NaN/Infinity, better to fail here, clearly.
+        body = json.dumps(payload, allow_nan=False).encode()
+        connection = _UnixHTTPConnection(self.socket_path, timeout)
+        try:
+            response = self._exchange(connection, route, body)
+            data = response.read()
+        except TimeoutError:
+            raise BridgeGoneError(
+                f"the bridge did not answer {route} within {timeout:.0f} s"
+            ) from None
+        except _CONNECTION_LOST as exc:
+            raise BridgeGoneError(f"lost the bridge during {route}: {exc}") from None
+        finally:
+            connection.close()
+        if response.status != 200:
+            self._raise_for(route, response.status, data)
+        return json.loads(data) if data.strip() else None
+
+    def _exchange(
+        self, connection: _UnixHTTPConnection, route: str, body: bytes
+    ) -> http.client.HTTPResponse:
+        try:
+            connection.request(
+                "POST", route, body=body, headers={"Content-Type": "application/json"}
+            )
+            return connection.getresponse()
+        except FileNotFoundError:
+            raise BridgeGoneError(f"the bridge socket {self.socket_path} does not exist") from None
+        except ConnectionRefusedError:
+            raise BridgeGoneError(
+                f"the bridge at {self.socket_path} refused the connection"
+            ) from None
+
+    @staticmethod
+    def _raise_for(route: str, status: int, data: bytes) -> None:
+        text = data.decode("utf-8", "replace").strip()
+        try:
+            answer = json.loads(text)
+            error, detail = str(answer["error"]), str(answer.get("detail", ""))
+        except (ValueError, KeyError, TypeError):
+            error, detail = "http_error", text  # 413/415/422 answers are plain text
+        raise BridgeError(route, status, error, " ".join(detail.split()))

@@ -1,0 +1,144 @@
+"""What rank 0 decides, every rank learns; and the model's full weights, however sharded.
+
+Only rank 0 talks to the bridge. Every control decision (train on, synchronise, stop)
+and every slice path travel from rank 0 to the others, so all ranks enter the same
+collectives in the same order and none can deadlock.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+from accelerate import Accelerator
+from accelerate.utils import DistributedType
+
+T = TypeVar("T")
+
+# Rank 0 may wait a long time for the slowest worker's update while the others wait on it.
+CONTROL_TIMEOUT = timedelta(hours=12)
+
+
+class Ranks:
+    def __init__(self, accelerator: Accelerator) -> None:
+        self.index = accelerator.process_index
+        self.count = accelerator.num_processes
+        self.is_main = self.index == 0
+        self._group: Any = None
+        if self.count > 1:
+            # Decisions travel over gloo on the CPU, never queued behind GPU work.
+            self._group = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
+
+    def share(self, value: T) -> T:
+        """Returns rank 0's `value` on every rank."""
+        if self.count == 1:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=0, group=self._group)
+        return box[0]
+
+    def barrier(self) -> None:
+        if self.count > 1:
+            dist.barrier(group=self._group)
+
+
+def canonical_names(model: torch.nn.Module) -> dict[str, str]:
+    """Maps every state-dict name to the first name of the same tensor, so that tied
+    weights (an embedding shared with the LM head) are sent, merged and loaded once."""
+    first_name: dict[int, str] = {}
+    return {
+        name: first_name.setdefault(id(tensor), name)
+        for name, tensor in model.state_dict(keep_vars=True).items()
+    }
+
+
+class ModelWeights:
+    """The model's full, unsharded weights: gathered to rank 0, loaded back from rank 0.
+
+    Replicated models (one process, DDP) are read in place and loaded with copies into
+    the live tensors (so the optimizer's state stays attached to them) and a broadcast.
+    FSDP goes through torch.distributed.checkpoint's full-state-dict API. DeepSpeed reads
+    and writes the fp32 master weights, never a 16-bit gather.
+    """
+
+    def __init__(
+        self, accelerator: Accelerator, model: torch.nn.Module, names: dict[str, str]
+    ) -> None:
+        self._accelerator = accelerator
+        self._model = model
+        self._module = accelerator.unwrap_model(model)
+        self._aliases = names
+        self._unique = [name for name, canonical in names.items() if name == canonical]
+        self._kind = accelerator.distributed_type
+        self._is_main = accelerator.is_main_process
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._unique)
+
+    def gather(self) -> dict[str, torch.Tensor]:
+        """Rank 0: every unique tensor, full size (may be live views). Other ranks: {}."""
+        if self._kind == DistributedType.FSDP:
+            full = self._fsdp_state(full=None)
+        elif self._kind == DistributedType.DEEPSPEED:
+            full = self._deepspeed_gather()
+        else:
+            full = self._module.state_dict()
+        return {name: full[name] for name in self._unique} if self._is_main else {}
+
+    @torch.no_grad()
+    def load(self, weights: dict[str, torch.Tensor]) -> None:
+        """Loads rank 0's `weights` (unique names) into the model on every rank, in place."""
+        if self._kind == DistributedType.FSDP:
+            every_name = {name: weights[canonical] for name, canonical in self._aliases.items()}
+            self._fsdp_state(full=every_name if self._is_main else {})
+        elif self._kind == DistributedType.DEEPSPEED:
+            self._deepspeed_load(weights)
+        else:
+            live = self._module.state_dict()
+            for name in self._unique:
+                if self._is_main:
+                    live[name].copy_(weights[name])
+                if self._accelerator.num_processes > 1:
+                    dist.broadcast(live[name], src=0)
+
+    def _fsdp_state(self, full: dict[str, Any] | None) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            set_model_state_dict,
+        )
+
+        if full is None:
+            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            return dict(get_model_state_dict(self._model, options=options))
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        set_model_state_dict(self._model, full, options=options)
+        return full
+
+    def _deepspeed_gather(self) -> dict[str, torch.Tensor]:
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        state = dict(self._module.state_dict())  # buffers, and names for the parameters
+        for name, parameter in self._module.named_parameters():
+            state[name] = safe_get_full_fp32_param(parameter)  # a collective: every rank calls it
+        return state
+
+    def _deepspeed_load(self, weights: dict[str, torch.Tensor]) -> None:
+        from deepspeed.utils import safe_get_full_fp32_param, safe_set_full_fp32_param
+
+        parameters = dict(self._module.named_parameters())
+        buffers = dict(self._module.named_buffers())
+        for name in self._unique:
+            if name in parameters:
+                value = safe_get_full_fp32_param(parameters[name])  # right shape and device
+                if self._is_main:
+                    value.copy_(weights[name])
+                dist.broadcast(value, src=0)
+                safe_set_full_fp32_param(parameters[name], value)
+            elif name in buffers:
+                if self._is_main:
+                    buffers[name].copy_(weights[name])
+                dist.broadcast(buffers[name], src=0)
