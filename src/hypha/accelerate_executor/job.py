@@ -205,7 +205,7 @@ def _refuse_constant(name: str) -> Any:
 def _first_error(error: ValidationError) -> str:
     detail = error.errors(include_url=False)[0]
     where = ".".join(str(part) for part in detail["loc"]) or "job"
-    return f"{where}: {detail['msg']}"
+    return f"{where}: {detail['msg'].removeprefix('Value error, ')}"
 
 
 def parse_job(text_or_at_path: str) -> Job:

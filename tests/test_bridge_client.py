@@ -1,0 +1,142 @@
+"""The bridge client against a real HTTP server on a real Unix socket, including a hostile one."""
+
+from __future__ import annotations
+
+import json
+import socketserver
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+
+import pytest
+
+from hypha.accelerate_executor.bridge import BridgeClient
+from hypha.accelerate_executor.errors import BridgeError, BridgeGoneError, UnsafePathError
+from hypha.accelerate_executor.job import PeersReference, SchedulerReference
+
+Reply = tuple[int, str, bytes]  # status, content type, body
+PEERS = PeersReference.model_validate({"type": "peers", "peers": [], "strategy": {"type": "All"}})
+SLICE = SchedulerReference(type="scheduler", peer="12D3KooWsched", dataset="d")
+CAUSAL_LM = Path(__file__).parent / "data" / "job-causal-lm.json"
+
+
+class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+
+@pytest.fixture
+def scripted_bridge(tmp_path: Path) -> Iterator[Callable[[Callable[[str, bytes], Reply]], Path]]:
+    """A bridge whose answers a test scripts: answer(route, body) -> (status, type, body)."""
+    servers: list[_Server] = []
+
+    def start(answer: Callable[[str, bytes], Reply]) -> Path:
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                status, kind, payload = answer(self.path, body)
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        socket_path = tmp_path / "bridge.sock"
+        server = _Server(str(socket_path), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return socket_path
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def json_reply(value: object, status: int = 200) -> Reply:
+    return status, "application/json", json.dumps(value).encode()
+
+
+@pytest.mark.parametrize("hostile", ["/etc/passwd", "../../etc/passwd", "artifacts/../../x", "escape/passwd"])
+def test_fetch_refuses_paths_outside_the_work_dir(scripted_bridge, tmp_path: Path, hostile: str) -> None:
+    (tmp_path / "escape").symlink_to("/etc")
+    socket_path = scripted_bridge(lambda route, body: json_reply([{"path": hostile, "size": 1}]))
+    with pytest.raises(UnsafePathError, match="refused path"):
+        BridgeClient(socket_path, tmp_path).fetch(SLICE)
+
+
+def test_fetch_returns_checked_absolute_paths(scripted_bridge, tmp_path: Path) -> None:
+    seen: list[dict[str, object]] = []
+
+    def answer(route: str, body: bytes) -> Reply:
+        seen.append(json.loads(body))
+        return json_reply([{"path": "artifacts/17", "size": 3}])
+
+    files = BridgeClient(scripted_bridge(answer), tmp_path).fetch(SLICE)
+    assert files[0].path == tmp_path.resolve() / "artifacts" / "17" and files[0].size == 3
+    assert seen == [{"type": "scheduler", "peer": "12D3KooWsched", "dataset": "d"}]  # bare reference
+
+
+def test_bridge_json_error_becomes_a_specific_exception(scripted_bridge, tmp_path: Path) -> None:
+    socket_path = scripted_bridge(
+        lambda route, body: json_reply({"error": "network_error", "detail": "peer\nunreachable"}, 500)
+    )
+    with pytest.raises(BridgeError) as failed:
+        BridgeClient(socket_path, tmp_path).send(PEERS, "x")
+    assert failed.value.status == 500 and failed.value.error == "network_error"
+    assert "peer unreachable" in str(failed.value) and "\n" not in str(failed.value)
+
+
+def test_plain_text_rejection_is_reported(scripted_bridge, tmp_path: Path) -> None:
+    socket_path = scripted_bridge(lambda route, body: (422, "text/plain", b"batch_size: invalid type"))
+    with pytest.raises(BridgeError, match="422 http_error: batch_size: invalid type"):
+        BridgeClient(socket_path, tmp_path).status({"status": {"batch_size": 8}})
+
+
+def test_nan_is_never_sent(scripted_bridge, tmp_path: Path) -> None:
+    socket_path = scripted_bridge(lambda route, body: json_reply({"type": "Ok"}))
+    with pytest.raises(ValueError):
+        BridgeClient(socket_path, tmp_path).status({"metrics": {"round": 1, "metrics": {"loss": float("nan")}}})
+
+
+def test_missing_socket_is_bridge_gone(tmp_path: Path) -> None:
+    with pytest.raises(BridgeGoneError, match="does not exist"):
+        BridgeClient(tmp_path / "nothing.sock", tmp_path).status("update")
+
+
+def test_receive_parses_events_and_ignores_other_lines(scripted_bridge, tmp_path: Path) -> None:
+    stream = (
+        b": keepalive\n\n"
+        b"event: update\nid: 1\n"
+        b'data: {"path": "incoming/12D3KooWps", "size": 4, "from_peer": "12D3KooWps"}\n\n'
+        b": keepalive\n\n"
+        b'data: {"path": "incoming/12D3KooWother",\ndata:  "size": 5, "from_peer": "12D3KooWother"}\n\n'
+    )
+    socket_path = scripted_bridge(lambda route, body: (200, "text/event-stream", stream))
+    events = BridgeClient(socket_path, tmp_path).receive(PEERS)
+    first, second = next(events), next(events)
+    assert (first.path.name, first.size, first.from_peer) == ("12D3KooWps", 4, "12D3KooWps")
+    assert (second.path.name, second.from_peer) == ("12D3KooWother", "12D3KooWother")
+    with pytest.raises(BridgeGoneError, match="closed the update stream"):
+        next(events)  # a closed stream is never "training finished"
+
+
+def test_executor_refuses_a_hostile_bridge_with_one_line(scripted_bridge, tmp_path: Path) -> None:
+    socket_path = scripted_bridge(lambda route, body: json_reply([{"path": "../../etc/passwd", "size": 1}]))
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "hypha.accelerate_executor.training", "--socket", str(socket_path),
+         "--work-dir", str(tmp_path), "--job", f"@{CAUSAL_LM}"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "hypha-executor: refused path '../../etc/passwd': not a relative path inside the work dir"
+    ]
+    assert time.monotonic() - started < 60

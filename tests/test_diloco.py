@@ -1,0 +1,89 @@
+"""DiLoCo's outer step on one process: pseudo-gradients, merges, tied weights, optimizer state."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from accelerate import Accelerator
+from safetensors.torch import load_file, save_file
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from hypha.accelerate_executor.diloco import GlobalWeights, UpdateError
+from hypha.accelerate_executor.distributed import ModelWeights, canonical_names
+
+
+def tiny_tied_model() -> GPT2LMHeadModel:
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2, tie_word_embeddings=True)
+    return GPT2LMHeadModel(config)
+
+
+def one_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    ids = torch.randint(0, 64, (4, 16))
+    model(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def test_tied_weights_have_one_canonical_name() -> None:
+    names = canonical_names(tiny_tied_model())
+    assert names["lm_head.weight"] == "transformer.wte.weight"
+    assert names["transformer.wte.weight"] == "transformer.wte.weight"
+
+
+def test_round_trip_sends_delta_and_merges_in_place(tmp_path: Path) -> None:
+    accelerator = Accelerator(cpu=True)
+    model = tiny_tied_model()
+    names = canonical_names(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    weights = ModelWeights(accelerator, model, names)
+    start = {n: t.clone() for n, t in weights.gather().items()}
+    global_weights = GlobalWeights(weights.gather())
+    assert "lm_head.weight" not in global_weights.tensors  # tied: sent once
+
+    one_step(model, optimizer)
+    sent = tmp_path / "round-1.safetensors"
+    global_weights.write_pseudo_gradient(weights.gather(), sent)
+    delta = load_file(sent)
+    for name, tensor in weights.gather().items():
+        torch.testing.assert_close(delta[name], tensor - start[name])
+        assert delta[name].dtype == torch.float32
+
+    # The parameter server's update: here, half the pseudo-gradient.
+    update = tmp_path / "update"
+    save_file({name: tensor * 0.5 for name, tensor in delta.items()}, update)
+    embedding = accelerator.unwrap_model(model).transformer.wte.weight
+    state_before = optimizer.state[embedding]["exp_avg"].clone()
+    assert global_weights.merge_update(update) == len(delta)
+    weights.load(global_weights.tensors)
+
+    module = accelerator.unwrap_model(model)
+    expected = start["transformer.wte.weight"] + 0.5 * delta["transformer.wte.weight"]
+    torch.testing.assert_close(module.transformer.wte.weight.detach(), expected)
+    assert module.lm_head.weight is module.transformer.wte.weight  # still tied, updated once
+    assert module.transformer.wte.weight is embedding  # same Parameter: optimizer state stays
+    torch.testing.assert_close(optimizer.state[embedding]["exp_avg"], state_before)
+    one_step(model, optimizer)  # and training goes on with the carried-over moments
+
+
+def test_bf16_pseudo_gradient_halves_the_bytes(tmp_path: Path) -> None:
+    model = tiny_tied_model()
+    weights = {n: t for n, t in model.state_dict().items() if n != "lm_head.weight"}
+    global_weights = GlobalWeights(weights)
+    fp32 = global_weights.write_pseudo_gradient(weights, tmp_path / "a", torch.float32)
+    bf16 = global_weights.write_pseudo_gradient(weights, tmp_path / "b", torch.bfloat16)
+    assert bf16 < 0.6 * fp32
+    assert all(t.dtype == torch.bfloat16 for t in load_file(tmp_path / "b").values())
+
+
+def test_update_that_does_not_fit_is_refused(tmp_path: Path) -> None:
+    global_weights = GlobalWeights({"w": torch.zeros(3)})
+    save_file({"w": torch.zeros(4)}, tmp_path / "shape")
+    save_file({"other": torch.zeros(3)}, tmp_path / "name")
+    with pytest.raises(UpdateError, match="shape"):
+        global_weights.merge_update(tmp_path / "shape")
+    with pytest.raises(UpdateError, match="lacks"):
+        global_weights.merge_update(tmp_path / "name")
