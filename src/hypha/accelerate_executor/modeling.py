@@ -81,8 +81,9 @@ def trust_remote_code() -> bool:
 
 def load_model(task: str, folder: Path) -> torch.nn.Module:
     cls = _transformers_class(AUTO_MODEL_CLASSES[task], f"model task {task!r}")
+    transformers.utils.logging.disable_progress_bar()  # a bar per load is noise in a worker's log
     model: torch.nn.Module = cls.from_pretrained(
-        folder, trust_remote_code=trust_remote_code(), torch_dtype=torch.float32
+        folder, trust_remote_code=trust_remote_code(), dtype=torch.float32
     )
     return model
 

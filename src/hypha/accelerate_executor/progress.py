@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 from hypha.accelerate_executor.bridge import BridgeClient, ReceivedFile
@@ -19,13 +20,20 @@ from hypha.accelerate_executor.job import PeersReference
 Answer = dict[str, Any]
 
 
+@dataclass(frozen=True)
+class StatusAnswer:
+    answer: Answer
+    batches_reported: int  # batches trained when the status it answers was sent
+
+
 class StatusReporter:
     def __init__(self, bridge: BridgeClient) -> None:
         self._bridge = bridge
         self._lock = threading.Condition()
         self._unreported_samples = 0
+        self._batches = 0
         self._in_flight = False
-        self._answers: list[Answer] = []
+        self._answers: list[StatusAnswer] = []
         self._failure: ExecutorError | None = None
         self._closed = False
         threading.Thread(target=self._send_loop, name="hypha-status", daemon=True).start()
@@ -33,14 +41,15 @@ class StatusReporter:
     def batch_done(self, samples: int) -> None:
         with self._lock:
             self._unreported_samples += samples
+            self._batches += 1
             self._lock.notify_all()
 
-    def answers(self) -> list[Answer]:
+    def answers(self) -> list[StatusAnswer]:
         """The answers that arrived since the last call, without waiting."""
         with self._lock:
             return self._take_answers()
 
-    def flush(self) -> list[Answer]:
+    def flush(self) -> list[StatusAnswer]:
         """Waits until every batch is reported and answered; returns the answers."""
         with self._lock:
             self._lock.wait_for(
@@ -56,7 +65,7 @@ class StatusReporter:
             self._closed = True
             self._lock.notify_all()
 
-    def _take_answers(self) -> list[Answer]:
+    def _take_answers(self) -> list[StatusAnswer]:
         if self._failure is not None:
             raise self._failure
         answers, self._answers = self._answers, []
@@ -70,6 +79,7 @@ class StatusReporter:
                     return
                 # When the bridge is slower than a step, pending batches go out as one message.
                 samples, self._unreported_samples = self._unreported_samples, 0
+                batches = self._batches
                 self._in_flight = True
             try:
                 answer = self._bridge.status({"status": {"batch_size": samples}})
@@ -79,7 +89,7 @@ class StatusReporter:
                     self._lock.notify_all()
                 return
             with self._lock:
-                self._answers.append(answer)
+                self._answers.append(StatusAnswer(answer, batches))
                 self._in_flight = False
                 self._lock.notify_all()
 

@@ -28,6 +28,8 @@ from hypha.accelerate_executor.job import Job, LrScheduler, parse_job
 if TYPE_CHECKING:
     import torch
 
+    from hypha.accelerate_executor.progress import StatusAnswer
+
 PSEUDO_GRADIENT_DTYPES = ("float32", "bfloat16")
 
 
@@ -111,6 +113,7 @@ class Trainer:
         # The one receive stream opens before anything is sent and stays open.
         self.inbox = UpdateInbox(self.bridge, config.results) if self.bridge else None
         self.reporter = StatusReporter(self.bridge) if self.bridge else None
+        self.batches_trained = 0  # over the whole job, as the reporter counts them
 
     def run(self) -> None:
         config = self.job.config
@@ -161,6 +164,7 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             loss_sum += loss.detach()  # stays on the device: no host sync per step
             stats.batches += 1
+            self.batches_trained += 1
             stats.samples += samples_per_step
             if "input_ids" in batch:
                 stats.tokens += batch["input_ids"].numel() * self.ranks.count
@@ -171,12 +175,16 @@ class Trainer:
                 continue
             # The answer to this step's status may arrive a step late: fine, it is used then.
             decision = self.ranks.share(
-                scheduler_decision(self.reporter.answers()) if self.reporter else None
+                scheduler_decision(self.reporter.answers(), self.batches_trained)
+                if self.reporter
+                else None
             )
             if decision == "done":
                 return None
             remaining = decision if isinstance(decision, int) else None
         stats.seconds = time.perf_counter() - started
+        if self.ranks.count > 1:  # once a round: the mean over every rank's batches
+            loss_sum = self.accelerator.reduce(loss_sum, reduction="mean")
         stats.loss = float(loss_sum.item()) / stats.batches
         return stats
 
@@ -187,7 +195,7 @@ class Trainer:
 
         if self.reporter is None or self.bridge is None:
             return None
-        if scheduler_decision(self.reporter.flush()) == "done":
+        if scheduler_decision(self.reporter.flush(), self.batches_trained) == "done":
             return "done"
         metrics = {
             "samples_per_second": stats.samples / stats.seconds,
@@ -248,17 +256,23 @@ class Trainer:
             say(message)
 
 
-def scheduler_decision(answers: list[dict[str, Any]]) -> int | str | None:
-    """From the status answers that came in: `done`, the ScheduleUpdate counter, or None."""
+def scheduler_decision(answers: list[StatusAnswer], batches_trained: int) -> int | str | None:
+    """From the status answers that came in: `done`, the number of batches still to train
+    for a ScheduleUpdate, or None.
+
+    The counter counts from the status it answers, and answers arrive while later steps
+    already run: those steps are part of the k batches.
+    """
     from hypha.accelerate_executor.progress import expect
 
     decision: int | str | None = None
-    for answer in answers:
-        kind = expect(answer, "Continue", "ScheduleUpdate", "Done", sent="status")
+    for status in answers:
+        kind = expect(status.answer, "Continue", "ScheduleUpdate", "Done", sent="status")
         if kind == "Done":
             return "done"
         if kind == "ScheduleUpdate" and decision is None:
-            decision = max(0, int(answer.get("counter", 0)))
+            already_trained = batches_trained - status.batches_reported
+            decision = max(0, int(status.answer.get("counter", 0)) - already_trained)
     return decision
 
 
