@@ -63,8 +63,12 @@ def json_reply(value: object, status: int = 200) -> Reply:
     return status, "application/json", json.dumps(value).encode()
 
 
-@pytest.mark.parametrize("hostile", ["/etc/passwd", "../../etc/passwd", "artifacts/../../x", "escape/passwd"])
-def test_fetch_refuses_paths_outside_the_work_dir(scripted_bridge, tmp_path: Path, hostile: str) -> None:
+@pytest.mark.parametrize(
+    "hostile", ["/etc/passwd", "../../etc/passwd", "artifacts/../../x", "escape/passwd"]
+)
+def test_fetch_refuses_paths_outside_the_work_dir(
+    scripted_bridge, tmp_path: Path, hostile: str
+) -> None:
     (tmp_path / "escape").symlink_to("/etc")
     socket_path = scripted_bridge(lambda route, body: json_reply([{"path": hostile, "size": 1}]))
     with pytest.raises(UnsafePathError, match="refused path"):
@@ -80,12 +84,16 @@ def test_fetch_returns_checked_absolute_paths(scripted_bridge, tmp_path: Path) -
 
     files = BridgeClient(scripted_bridge(answer), tmp_path).fetch(SLICE)
     assert files[0].path == tmp_path.resolve() / "artifacts" / "17" and files[0].size == 3
-    assert seen == [{"type": "scheduler", "peer": "12D3KooWsched", "dataset": "d"}]  # bare reference
+    assert seen == [
+        {"type": "scheduler", "peer": "12D3KooWsched", "dataset": "d"}
+    ]  # bare reference
 
 
 def test_bridge_json_error_becomes_a_specific_exception(scripted_bridge, tmp_path: Path) -> None:
     socket_path = scripted_bridge(
-        lambda route, body: json_reply({"error": "network_error", "detail": "peer\nunreachable"}, 500)
+        lambda route, body: json_reply(
+            {"error": "network_error", "detail": "peer\nunreachable"}, 500
+        )
     )
     with pytest.raises(BridgeError) as failed:
         BridgeClient(socket_path, tmp_path).send(PEERS, "x")
@@ -94,7 +102,9 @@ def test_bridge_json_error_becomes_a_specific_exception(scripted_bridge, tmp_pat
 
 
 def test_plain_text_rejection_is_reported(scripted_bridge, tmp_path: Path) -> None:
-    socket_path = scripted_bridge(lambda route, body: (422, "text/plain", b"batch_size: invalid type"))
+    socket_path = scripted_bridge(
+        lambda route, body: (422, "text/plain", b"batch_size: invalid type")
+    )
     with pytest.raises(BridgeError, match="422 http_error: batch_size: invalid type"):
         BridgeClient(socket_path, tmp_path).status({"status": {"batch_size": 8}})
 
@@ -102,7 +112,9 @@ def test_plain_text_rejection_is_reported(scripted_bridge, tmp_path: Path) -> No
 def test_nan_is_never_sent(scripted_bridge, tmp_path: Path) -> None:
     socket_path = scripted_bridge(lambda route, body: json_reply({"type": "Ok"}))
     with pytest.raises(ValueError):
-        BridgeClient(socket_path, tmp_path).status({"metrics": {"round": 1, "metrics": {"loss": float("nan")}}})
+        BridgeClient(socket_path, tmp_path).status(
+            {"metrics": {"round": 1, "metrics": {"loss": float("nan")}}}
+        )
 
 
 def test_missing_socket_is_bridge_gone(tmp_path: Path) -> None:
@@ -128,7 +140,9 @@ def test_receive_parses_events_and_ignores_other_lines(scripted_bridge, tmp_path
 
 
 def test_executor_refuses_a_hostile_bridge_with_one_line(scripted_bridge, tmp_path: Path) -> None:
-    socket_path = scripted_bridge(lambda route, body: json_reply([{"path": "../../etc/passwd", "size": 1}]))
+    socket_path = scripted_bridge(
+        lambda route, body: json_reply([{"path": "../../etc/passwd", "size": 1}])
+    )
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "hypha.accelerate_executor.training", "--socket", str(socket_path),

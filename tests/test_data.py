@@ -14,7 +14,9 @@ from hypha.accelerate_executor.data import DataError, batches_of, load_slice
 @pytest.fixture
 def slice_file(tmp_path: Path) -> Path:
     samples = torch.arange(10 * 4).reshape(10, 4)
-    save_file({"input_ids": samples, "labels": samples + 1000, "extra": torch.zeros(10)}, tmp_path / "17")
+    save_file(
+        {"input_ids": samples, "labels": samples + 1000, "extra": torch.zeros(10)}, tmp_path / "17"
+    )
     return tmp_path / "17"
 
 

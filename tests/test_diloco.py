@@ -16,7 +16,9 @@ from hypha.accelerate_executor.distributed import ModelWeights, canonical_names
 
 def tiny_tied_model() -> GPT2LMHeadModel:
     torch.manual_seed(0)
-    config = GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2, tie_word_embeddings=True)
+    config = GPT2Config(
+        vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2, tie_word_embeddings=True
+    )
     return GPT2LMHeadModel(config)
 
 

@@ -148,7 +148,9 @@ MALFORMED: list[tuple[str, Any, str]] = [
 NOT_JSON = ["", "{", "[]", "null", '{"job_id": NaN}', "not json at all"]
 
 
-@pytest.mark.parametrize(("path", "value", "named"), MALFORMED, ids=[f"{p}={v!r}"[:60] for p, v, _ in MALFORMED])
+@pytest.mark.parametrize(
+    ("path", "value", "named"), MALFORMED, ids=[f"{p}={v!r}"[:60] for p, v, _ in MALFORMED]
+)
 def test_malformed_job_names_the_problem(path: str, value: Any, named: str) -> None:
     job = copy.deepcopy(CAUSAL_LM)
     set_path(path, value)(job)

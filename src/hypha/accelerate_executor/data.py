@@ -81,7 +81,9 @@ class SliceStream:
             tensors = load_slice(path, self._names)
             self._forget_previous(path)
             yielded = False
-            for batch in batches_of(tensors, self._batch_size, self._ranks.index, self._ranks.count):
+            for batch in batches_of(
+                tensors, self._batch_size, self._ranks.index, self._ranks.count
+            ):
                 yielded = True
                 yield batch
             if not yielded:
