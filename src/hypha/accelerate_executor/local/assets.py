@@ -1,0 +1,157 @@
+"""The embedded model and data set of the local cluster: nothing to download.
+
+A tiny GPT-2 (random init, fixed seed) saved with `save_pretrained` into a model store,
+and token sequences drawn from a fixed random sparse Markov chain, cut into safetensors
+slices. The chain gives the data learnable structure: a model that learns its bigram
+table drops from ln(vocab) to about the chain's entropy, so a falling loss is visible
+within a few hundred CPU steps. Everything is generated on first use into a cache folder
+keyed by the parameters, and is bit-identical for the same seed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+MODEL_REPOSITORY = "local/tiny-gpt2"
+MODEL_FILENAMES = ("config.json", "model.safetensors", "generation_config.json")
+
+
+@dataclass(frozen=True)
+class AssetSpec:
+    seed: int = 0
+    vocab_size: int = 512
+    seq_len: int = 64
+    # Successors per token: fewer means a lower floor for the loss.
+    branching: int = 4
+    slices: int = 64
+    samples_per_slice: int = 64
+    n_embd: int = 128
+    n_layer: int = 2
+    n_head: int = 4
+
+    @property
+    def dataset_name(self) -> str:
+        return f"markov-{self.vocab_size}"
+
+    def cache_key(self) -> str:
+        # Bump the prefix whenever generation changes, so old caches are not reused.
+        digest = hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()
+        return f"v1-{digest[:16]}"
+
+
+@dataclass(frozen=True)
+class Assets:
+    """Where the generated files lie: `models/<repository>/<file>` and `<dataset>/<i>.safetensors`."""
+
+    spec: AssetSpec
+    models_dir: Path
+    dataset_dir: Path
+
+    @property
+    def model_dir(self) -> Path:
+        return self.models_dir / MODEL_REPOSITORY
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "hypha-accelerate" / "local-assets"
+
+
+def ensure_assets(cache_dir: Path | None = None, spec: AssetSpec | None = None) -> Assets:
+    """Returns the assets for `spec`, generating them into `cache_dir` the first time."""
+    spec = spec or AssetSpec()
+    root = (cache_dir or default_cache_dir()) / spec.cache_key()
+    assets = Assets(spec, root / "models", root / "datasets" / spec.dataset_name)
+    if root.is_dir():
+        return assets
+    root.parent.mkdir(parents=True, exist_ok=True)
+    # Built beside the final name and renamed into place, so a concurrent or interrupted
+    # run never sees half a cache.
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=root.parent))
+    try:
+        _write_model(spec, staging / "models" / MODEL_REPOSITORY)
+        _write_dataset(spec, staging / "datasets" / spec.dataset_name)
+        staging.chmod(0o755)
+        try:
+            staging.rename(root)
+        except OSError:
+            if not root.is_dir():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return assets
+
+
+def markov_chain(spec: AssetSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chain's successor table [vocab, branching] and its row probabilities."""
+    import torch
+
+    generator = torch.Generator().manual_seed(spec.seed)
+    successors = torch.stack(
+        [
+            torch.randperm(spec.vocab_size, generator=generator)[: spec.branching]
+            for _ in range(spec.vocab_size)
+        ]
+    )
+    # Skewed rows (not uniform) so the floor sits well below ln(branching).
+    logits = 1.5 * torch.randn(spec.vocab_size, spec.branching, generator=generator)
+    return successors, torch.softmax(logits, dim=-1)
+
+
+def chain_entropy(spec: AssetSpec) -> float:
+    """The mean entropy (nats) of the next token: the loss a perfect model approaches."""
+    _, probs = markov_chain(spec)
+    return float(-(probs * probs.log()).sum(dim=-1).mean())
+
+
+def _write_model(spec: AssetSpec, folder: Path) -> None:
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    config = GPT2Config(
+        vocab_size=spec.vocab_size,
+        n_positions=spec.seq_len,
+        n_embd=spec.n_embd,
+        n_layer=spec.n_layer,
+        n_head=spec.n_head,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    torch.manual_seed(spec.seed)
+    model = GPT2LMHeadModel(config)
+    model.save_pretrained(folder)
+    missing = [name for name in MODEL_FILENAMES if not (folder / name).is_file()]
+    if missing:
+        raise RuntimeError(f"save_pretrained did not write {', '.join(missing)}")
+
+
+def _write_dataset(spec: AssetSpec, folder: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    successors, probs = markov_chain(spec)
+    generator = torch.Generator().manual_seed(spec.seed + 1)
+    folder.mkdir(parents=True)
+    for index in range(spec.slices):
+        tokens = torch.empty(spec.samples_per_slice, spec.seq_len, dtype=torch.int64)
+        current = torch.randint(spec.vocab_size, (spec.samples_per_slice,), generator=generator)
+        for position in range(spec.seq_len):
+            tokens[:, position] = current
+            choice = torch.multinomial(probs[current], 1, generator=generator).squeeze(1)
+            current = successors[current, choice]
+        # The model shifts labels itself, so labels are the inputs.
+        save_file(
+            {"input_ids": tokens, "labels": tokens.clone()}, str(folder / f"{index}.safetensors")
+        )

@@ -1,0 +1,266 @@
+"""`hypha-accelerate local demo|coordinator|worker`.
+
+`demo` runs everything in one process; `coordinator` and `worker` are the same parts as
+separate processes (one per container in compose). Each command imports only what it
+needs: `worker` stays torch-free.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import tempfile
+from pathlib import Path
+from types import FrameType
+
+from hypha.accelerate_executor.local.output import say
+
+
+def _owner(text: str) -> tuple[int, int]:
+    try:
+        uid, gid = text.split(":")
+        return int(uid), int(gid)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected UID:GID, got {text!r}") from None
+
+
+def _listen(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    try:
+        return host or "127.0.0.1", int(port)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}") from None
+
+
+def _run_options_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(add_help=False)
+    run = parser.add_argument_group("run")
+    run.add_argument("--workers", type=int, default=2, help="number of workers (default 2)")
+    run.add_argument("--rounds", type=int, default=4, help="DiLoCo rounds (default 4)")
+    run.add_argument(
+        "--steps-per-round", type=int, default=30, help="batches per round, H (default 30)"
+    )
+    run.add_argument(
+        "--lead", type=int, default=2, help="ScheduleUpdate counter: batches after it (default 2)"
+    )
+    run.add_argument("--batch-size", type=int, default=8)
+    run.add_argument(
+        "--lr", type=float, default=2e-3, help="inner AdamW learning rate (default 2e-3)"
+    )
+    run.add_argument(
+        "--lr-schedule",
+        choices=["cosine-with-warmup", "linear-with-warmup", "constant"],
+        default="cosine-with-warmup",
+    )
+    run.add_argument("--warmup-steps", type=int, default=10)
+    run.add_argument(
+        "--outer-lr", type=float, default=0.7, help="parameter server learning rate (default 0.7)"
+    )
+    run.add_argument(
+        "--outer-momentum",
+        type=float,
+        default=0.9,
+        help="parameter server Nesterov momentum (default 0.9)",
+    )
+    run.add_argument(
+        "--out",
+        type=Path,
+        default=Path("hypha-local-out"),
+        help="where summary.json and loss.png go",
+    )
+    run.add_argument(
+        "--assets", type=Path, default=None, help="cache folder of the generated model and data"
+    )
+    run.add_argument(
+        "--timeout", type=float, default=1800.0, help="cancel the run after this many seconds"
+    )
+    return parser
+
+
+def _worker_options_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(add_help=False)
+    worker = parser.add_argument_group("worker")
+    worker.add_argument(
+        "--executor",
+        default="process",
+        help="process (python -m ...training), shim (hypha-accelerate run --variant cpu) or toml:PATH "
+        "(the first train/process [[executors]] entry of a worker TOML); default process",
+    )
+    worker.add_argument(
+        "--work-base",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "hypha-work",
+        help="parent of the per-job work dirs",
+    )
+    worker.add_argument(
+        "--as-user",
+        type=_owner,
+        default=None,
+        metavar="UID:GID",
+        help="as root: play a worker running as this user",
+    )
+    return parser
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hypha-accelerate local",
+        description="Local stand-in for the Hypha side of the executor contract.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    run_options, worker_options = _run_options_parser(), _worker_options_parser()
+    commands.add_parser(
+        "demo",
+        parents=[run_options, worker_options],
+        help="coordinator and workers in one process; exits 0 if the loss falls",
+        description="Runs a coordinator and N workers in one process, prints each round's loss, writes "
+        "loss.png and summary.json, exits 0 only if every executor exited 0 and the final mean loss is "
+        "<= 0.6 x the first round's.",
+    )
+    coordinator = commands.add_parser(
+        "coordinator", parents=[run_options], help="the coordinator alone, for separate workers"
+    )
+    coordinator.add_argument(
+        "--listen",
+        type=_listen,
+        default=("127.0.0.1", 8000),
+        metavar="HOST:PORT",
+        help="default 127.0.0.1:8000",
+    )
+    worker = commands.add_parser(
+        "worker", parents=[worker_options], help="one worker that runs one job of a coordinator"
+    )
+    worker.add_argument(
+        "--coordinator", required=True, metavar="URL", help="e.g. http://coordinator:8000"
+    )
+    worker.add_argument(
+        "--name", required=True, help="this worker's name in the coordinator's report"
+    )
+    worker.add_argument(
+        "--keep-work-dir", action="store_true", help="leave the work dir for inspection"
+    )
+    worker.add_argument(
+        "--connect-timeout", type=float, default=120.0, help="seconds to wait for the coordinator"
+    )
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    if getattr(args, "as_user", None) is not None and os.geteuid() != 0:
+        print(
+            "hypha-accelerate local: --as-user needs root (it plays a worker running as that user)",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        if args.command == "worker":
+            return _worker(args)
+        return _with_run_options(args)
+    except ValueError as exc:
+        print(f"hypha-accelerate local: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        # Cache, output or work folders that cannot be written.
+        print(f"hypha-accelerate local: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        # Before the run's own handlers are in place (e.g. while generating the assets).
+        print("hypha-accelerate local: interrupted", file=sys.stderr)
+        return 130
+
+
+def _with_run_options(args: argparse.Namespace) -> int:
+    from hypha.accelerate_executor.local.coordinator import Catalog, Coordinator, RunOptions
+
+    options = RunOptions(
+        workers=args.workers,
+        rounds=args.rounds,
+        steps_per_round=args.steps_per_round,
+        lead=args.lead,
+        batch_size=args.batch_size,
+        learning_rate=args.lr,
+        lr_schedule=args.lr_schedule,
+        warmup_steps=args.warmup_steps,
+        outer_learning_rate=args.outer_lr,
+        outer_momentum=args.outer_momentum,
+    )
+    if args.command == "demo":
+        from hypha.accelerate_executor.local.demo import run_demo
+        from hypha.accelerate_executor.local.worker import WorkerError, executor_entry
+
+        try:
+            executor = executor_entry(args.executor)
+        except WorkerError as exc:
+            print(f"hypha-accelerate local: {exc}", file=sys.stderr)
+            return 2
+        return run_demo(
+            options,
+            executor,
+            out_dir=args.out,
+            work_base=args.work_base,
+            assets_dir=args.assets,
+            owner=args.as_user,
+            timeout_s=args.timeout,
+        )
+
+    from hypha.accelerate_executor.local.assets import ensure_assets
+    from hypha.accelerate_executor.local.demo import cancel_on_signals, supervise
+    from hypha.accelerate_executor.local.report import finish
+
+    host, port = args.listen
+    catalog = Catalog.from_assets(ensure_assets(args.assets))
+    try:
+        coordinator = Coordinator(catalog, options, host=host, port=port)
+    except OSError as exc:
+        print(
+            f"hypha-accelerate local: cannot listen on {host}:{port}: {exc.strerror}",
+            file=sys.stderr,
+        )
+        return 1
+    with coordinator, cancel_on_signals(coordinator):
+        say("coordinator", f"listening on {host}:{port}; waiting for {options.workers} workers")
+        supervise(coordinator, coordinator.finished, args.timeout)
+        summary = coordinator.summary()
+    return 0 if finish(summary, args.out, prefix="coordinator") else 1
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from hypha.accelerate_executor.local.coordinator_client import (
+        CoordinatorClient,
+        CoordinatorError,
+    )
+    from hypha.accelerate_executor.local.worker import (
+        LocalWorker,
+        WorkerError,
+        executor_entry,
+        serve_one_job,
+    )
+
+    try:
+        worker = LocalWorker(
+            args.name,
+            executor_entry(args.executor),
+            args.work_base,
+            owner=args.as_user,
+            keep_work_dir=args.keep_work_dir,
+        )
+        client = CoordinatorClient(args.coordinator)
+        client.wait_until_up(args.connect_timeout)
+    except (WorkerError, CoordinatorError) as exc:
+        print(f"hypha-accelerate local worker: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, WorkerError) else 1
+
+    def cancel(signum: int, frame: FrameType | None) -> None:
+        say(args.name, f"{signal.Signals(signum).name}: cancelling the job")
+        worker.cancel()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, cancel)
+    try:
+        return serve_one_job(client, worker)
+    except (WorkerError, CoordinatorError) as exc:
+        print(f"hypha-accelerate local worker: {exc}", file=sys.stderr)
+        return 1

@@ -1,0 +1,118 @@
+"""`hypha-accelerate local demo`: a coordinator and N local workers in one process.
+
+Each worker is a thread that does what a Hypha worker does for one job (worker.py); the
+executors are real processes (or containers through the shim), so everything between
+them and this process crosses a real Unix socket.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+
+from hypha.accelerate_executor.local.assets import ensure_assets
+from hypha.accelerate_executor.local.coordinator import Catalog, Coordinator, RunOptions
+from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient, CoordinatorError
+from hypha.accelerate_executor.local.output import say, warn
+from hypha.accelerate_executor.local.report import finish
+from hypha.accelerate_executor.local.worker import (
+    ExecutorEntry,
+    LocalWorker,
+    WorkerError,
+    serve_one_job,
+)
+
+# After a cancellation, how long the workers get to report their executors' end.
+CANCEL_GRACE_S = 30.0
+
+
+@contextmanager
+def cancel_on_signals(coordinator: Coordinator) -> Iterator[None]:
+    """SIGINT/SIGTERM cancel the run (the executors get SIGTERM) instead of killing this process."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        coordinator.cancel(f"interrupted by {signal.Signals(signum).name}")
+
+    previous = {
+        signum: signal.signal(signum, handler) for signum in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        yield
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)
+
+
+def supervise(coordinator: Coordinator, finished: Callable[[], bool], timeout_s: float) -> None:
+    """Waits for `finished`, cancelling the run at the timeout; gives up a grace period later."""
+    deadline = time.monotonic() + timeout_s
+    give_up: float | None = None
+    while not finished():
+        coordinator.wait_finished(0.5)
+        now = time.monotonic()
+        if coordinator.cancelled is None and now > deadline:
+            coordinator.cancel(f"timed out after {timeout_s:g} s")
+        if coordinator.cancelled is not None:
+            give_up = give_up or now + CANCEL_GRACE_S
+            if now > give_up:
+                warn(
+                    coordinator.name,
+                    "workers did not report their end in time; writing the report anyway",
+                )
+                return
+
+
+def run_demo(
+    options: RunOptions,
+    executor: ExecutorEntry,
+    *,
+    out_dir: Path,
+    work_base: Path,
+    assets_dir: Path | None = None,
+    owner: tuple[int, int] | None = None,
+    timeout_s: float = 1800.0,
+    keepalive_s: float = 5.0,
+) -> int:
+    say("demo", "preparing the tiny model and data set (generated once, then cached)")
+    catalog = Catalog.from_assets(ensure_assets(assets_dir))
+    coordinator = Coordinator(catalog, options)
+    coordinator.start()
+    say(
+        "demo",
+        f"coordinator at {coordinator.url}: {options.workers} workers x {options.rounds} rounds x "
+        f"{options.steps_per_round} steps, executor: {executor.cmd} {' '.join(executor.args[:2])} ...",
+    )
+    client = CoordinatorClient(coordinator.url)
+
+    def run_worker(worker: LocalWorker) -> None:
+        # The exit code reaches the coordinator, which judges the run.
+        try:
+            serve_one_job(client, worker)
+        except (WorkerError, CoordinatorError) as exc:
+            warn(worker.name, str(exc))
+
+    workers = [
+        LocalWorker(f"w{index + 1}", executor, work_base, owner=owner, keepalive_s=keepalive_s)
+        for index in range(options.workers)
+    ]
+    # Daemons, so a worker stuck past the grace period cannot keep the process alive.
+    threads = [
+        threading.Thread(target=run_worker, args=(worker,), name=worker.name, daemon=True)
+        for worker in workers
+    ]
+    try:
+        with cancel_on_signals(coordinator):
+            for thread in threads:
+                thread.start()
+            supervise(
+                coordinator, lambda: not any(thread.is_alive() for thread in threads), timeout_s
+            )
+        summary = coordinator.summary()
+    finally:
+        coordinator.stop()
+    return 0 if finish(summary, out_dir, prefix="demo") else 1

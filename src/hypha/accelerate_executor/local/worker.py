@@ -1,0 +1,377 @@
+"""A local Hypha worker: runs one job's executor exactly as protocol.md section 1 says.
+
+Fresh WORK_DIR, a bridge on WORK_DIR/bridge.sock, tokens substituted inside every
+argument, the child's stdout re-printed line by line, SIGTERM then SIGKILL 5 s later on
+cancellation, and afterwards the bridge stopped and WORK_DIR deleted, naming every file
+the worker's user could not delete. Torch-free, so a compose worker needs only the shim.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import tomllib
+import uuid
+from contextlib import suppress
+from dataclasses import dataclass
+from pathlib import Path
+
+from hypha.accelerate_executor.local.bridge_server import BackendError, BridgeBackend, BridgeServer
+from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient, CoordinatorError
+from hypha.accelerate_executor.local.output import say, warn
+
+TOKENS = re.compile(r"\{(SOCKET_PATH|WORK_DIR|JOB_JSON)\}")
+EXECUTOR_ARGS = ("--socket", "{SOCKET_PATH}", "--work-dir", "{WORK_DIR}", "--job", "{JOB_JSON}")
+# sun_path holds 108 bytes including the terminating NUL.
+MAX_SOCKET_PATH_BYTES = 107
+
+
+class WorkerError(Exception):
+    """The worker could not run the job; one line for the user."""
+
+
+@dataclass(frozen=True)
+class ExecutorEntry:
+    """An `[[executors]]` entry of a worker TOML: what the worker spawns."""
+
+    cmd: str
+    args: tuple[str, ...]
+
+
+def preset(name: str) -> ExecutorEntry:
+    """`process`: the executor as a plain Python process; `shim`: through the cpu image."""
+    if name == "process":
+        return ExecutorEntry(
+            sys.executable, ("-m", "hypha.accelerate_executor.training", *EXECUTOR_ARGS)
+        )
+    if name == "shim":
+        # The console script beside this interpreter, for a venv that is not activated.
+        beside = Path(sys.executable).parent / "hypha-accelerate"
+        command = shutil.which("hypha-accelerate") or (
+            str(beside) if beside.is_file() else "hypha-accelerate"
+        )
+        return ExecutorEntry(command, ("run", "--variant", "cpu", *EXECUTOR_ARGS))
+    raise WorkerError(f"unknown executor preset {name!r}: use process, shim or toml:PATH")
+
+
+def load_toml_entry(path: Path) -> ExecutorEntry:
+    """The first `[[executors]]` entry with class train and runtime process."""
+    try:
+        document = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise WorkerError(f"cannot read worker config {path}: {exc.strerror}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise WorkerError(f"worker config {path} is not valid TOML: {exc}") from None
+    entries = document.get("executors", [])
+    if not isinstance(entries, list):
+        raise WorkerError(f"{path}: executors must be an array of tables ([[executors]])")
+    for entry in entries:
+        if (
+            not isinstance(entry, dict)
+            or entry.get("class") != "train"
+            or entry.get("runtime") != "process"
+        ):
+            continue
+        cmd, args = entry.get("cmd"), entry.get("args", [])
+        if not isinstance(cmd, str) or not cmd:
+            raise WorkerError(f"{path}: executor {entry.get('name')!r} has no cmd")
+        if not isinstance(args, list) or not all(isinstance(arg, str) for arg in args):
+            raise WorkerError(
+                f"{path}: executor {entry.get('name')!r} args must be a list of strings"
+            )
+        return ExecutorEntry(cmd, tuple(args))
+    raise WorkerError(
+        f'{path} has no [[executors]] entry with class = "train" and runtime = "process"'
+    )
+
+
+def executor_entry(spec: str) -> ExecutorEntry:
+    """`process`, `shim` or `toml:PATH`."""
+    if spec.startswith("toml:"):
+        return load_toml_entry(Path(spec.removeprefix("toml:")))
+    return preset(spec)
+
+
+def substitute(arg: str, values: dict[str, str]) -> str:
+    """Replaces the worker's tokens anywhere in `arg` in one pass; other {TOKENS} stay."""
+    return TOKENS.sub(lambda match: values[match.group(1)], arg)
+
+
+@dataclass(frozen=True)
+class JobResult:
+    exit_code: int
+    work_dir: Path
+    leaks: list[str]
+
+
+class LocalWorker:
+    def __init__(
+        self,
+        name: str,
+        executor: ExecutorEntry,
+        work_base: Path,
+        *,
+        owner: tuple[int, int] | None = None,
+        keep_work_dir: bool = False,
+        keepalive_s: float = 5.0,
+        kill_after_s: float = 5.0,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.name = name
+        self.executor = executor
+        self.work_base = Path(work_base)
+        self.owner = owner
+        self.keep_work_dir = keep_work_dir
+        self.keepalive_s = keepalive_s
+        self.kill_after_s = kill_after_s
+        self.env = dict(env or {})
+        self._lock = threading.Lock()
+        self._process: subprocess.Popen[bytes] | None = None
+        self._cancelled = False
+
+    def run(self, job_json: str, backend: BridgeBackend) -> JobResult:
+        """Runs the job's executor to its end and cleans up after it."""
+        work_dir = self._make_work_dir()
+        try:
+            bridge = BridgeServer(
+                work_dir,
+                backend,
+                owner=self.owner,
+                keepalive_s=self.keepalive_s,
+                name=f"{self.name} bridge",
+            )
+            try:
+                bridge.start()
+            except OSError as exc:
+                raise WorkerError(
+                    f"cannot serve the bridge on {bridge.socket_path}: {exc.strerror or exc}"
+                ) from None
+            try:
+                exit_code = self._run_executor(work_dir, bridge.socket_path, job_json)
+            finally:
+                bridge.stop()
+        except BaseException:
+            shutil.rmtree(work_dir, ignore_errors=True)
+            raise
+        leaks = [] if self.keep_work_dir else remove_work_dir(work_dir, self.owner)
+        for leak in leaks:
+            warn(self.name, f"leak: the worker's user cannot delete {leak}")
+        return JobResult(exit_code, work_dir, leaks)
+
+    def cancel(self) -> None:
+        """SIGTERM to the executor (its process only, as the worker does); SIGKILL 5 s later."""
+        with self._lock:
+            self._cancelled = True
+            process = self._process
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGTERM)
+        threading.Thread(
+            target=self._kill_if_alive, args=(process, "ignored SIGTERM"), daemon=True
+        ).start()
+
+    def _make_work_dir(self) -> Path:
+        try:
+            self.work_base.mkdir(parents=True, exist_ok=True)
+            work_dir = self.work_base / f"hypha-{uuid.uuid4()}"
+            work_dir.mkdir()
+            if self.owner is not None and os.geteuid() == 0:
+                os.chown(work_dir, *self.owner)
+        except OSError as exc:
+            raise WorkerError(
+                f"cannot create a work dir under {self.work_base}: {exc.strerror}"
+            ) from None
+        socket_bytes = len(os.fsencode(work_dir / "bridge.sock"))
+        if socket_bytes > MAX_SOCKET_PATH_BYTES:
+            work_dir.rmdir()
+            raise WorkerError(
+                f"the socket path under {self.work_base} would be {socket_bytes} bytes, Unix sockets allow "
+                f"{MAX_SOCKET_PATH_BYTES}: use a shorter work base"
+            )
+        return work_dir
+
+    def _run_executor(self, work_dir: Path, socket_path: Path, job_json: str) -> int:
+        values = {"SOCKET_PATH": str(socket_path), "WORK_DIR": str(work_dir), "JOB_JSON": job_json}
+        argv = [self.executor.cmd, *(substitute(arg, values) for arg in self.executor.args)]
+        with self._lock:
+            if self._cancelled:
+                return 128 + signal.SIGTERM
+            try:
+                # Its own process group: a Ctrl-C at the terminal reaches this process, which
+                # cancels the job the worker's way, and not the executor directly.
+                process = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    env={**os.environ, **self.env, **values},
+                    process_group=0,
+                )
+            except OSError as exc:
+                raise WorkerError(
+                    f"cannot start the executor {self.executor.cmd}: {exc.strerror}"
+                ) from None
+            self._process = process
+        stop_reading = threading.Event()
+        pump = threading.Thread(
+            target=self._pump, args=(process, stop_reading), name=f"{self.name}-stdout", daemon=True
+        )
+        pump.start()
+        exit_code = process.wait()
+        pump.join(2.0)
+        if pump.is_alive():
+            stop_reading.set()
+            pump.join()
+            warn(self.name, "processes the executor started still hold its stdout after it exited")
+        # A signal death reads as the shell shows it: 128 + the signal.
+        return exit_code if exit_code >= 0 else 128 - exit_code
+
+    def _pump(self, process: subprocess.Popen[bytes], stop_reading: threading.Event) -> None:
+        """Re-prints the child's stdout; like the worker, stops at EOF or non-UTF-8 and kills 5 s later."""
+        assert process.stdout is not None
+        fd = process.stdout.fileno()
+        pending = b""
+        why = "closed its stdout"
+        with selectors.DefaultSelector() as selector:
+            selector.register(fd, selectors.EVENT_READ)
+            while not stop_reading.is_set():
+                if not selector.select(timeout=0.2):
+                    continue
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    if pending and not self._echo(pending):
+                        why = "wrote a non-UTF-8 line"
+                    break
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                if not all(self._echo(line) for line in lines):
+                    why = "wrote a non-UTF-8 line"
+                    break
+        process.stdout.close()
+        if not stop_reading.is_set():
+            self._kill_if_alive(process, f"{why} and is still running")
+
+    def _echo(self, line: bytes) -> bool:
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError:
+            warn(
+                self.name,
+                f"the executor wrote a non-UTF-8 line; stopped reading its stdout, killing it in {self.kill_after_s:g} s",
+            )
+            return False
+        say(self.name, text.removesuffix("\r"))
+        return True
+
+    def _kill_if_alive(self, process: subprocess.Popen[bytes], why: str) -> None:
+        try:
+            process.wait(self.kill_after_s)
+        except subprocess.TimeoutExpired:
+            warn(self.name, f"the executor {why} after {self.kill_after_s:g} s: SIGKILL")
+            process.kill()
+
+
+def remove_work_dir(work_dir: Path, owner: tuple[int, int] | None) -> list[str]:
+    """Deletes WORK_DIR as the worker's user would; returns what that user could not delete.
+
+    As root with `owner`, the deletion runs as that uid/gid, so a file the executor made
+    as another user (root in a container that ignored --user) shows up as the leak it is
+    for a real worker; root then removes the rest so nothing stays behind here.
+    """
+    if owner is not None and os.geteuid() == 0 and owner[0] != 0:
+        subprocess.run(
+            ["find", str(work_dir), "-mindepth", "1", "-delete"],
+            user=owner[0],
+            group=owner[1],
+            extra_groups=[],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=False,
+        )
+        leaks = [str(path) for path in _leaves(work_dir)]
+        shutil.rmtree(work_dir, ignore_errors=True)
+        return leaks
+    leaks = _delete_tree(work_dir)
+    with suppress(OSError):
+        work_dir.rmdir()
+    return leaks
+
+
+def _leaves(directory: Path) -> list[Path]:
+    """Files, links and empty directories under `directory`: what a failed delete left."""
+    found = []
+    for entry in os.scandir(directory):
+        path = Path(entry.path)
+        if entry.is_dir(follow_symlinks=False):
+            below = _leaves(path)
+            found += below or [path]
+        else:
+            found.append(path)
+    return found
+
+
+def _delete_tree(directory: Path) -> list[str]:
+    failed = []
+    for entry in os.scandir(directory):
+        path = Path(entry.path)
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                below = _delete_tree(path)
+                failed += below
+                if not below:
+                    path.rmdir()
+            else:
+                path.unlink()
+        except OSError:
+            failed.append(str(path))
+    return failed
+
+
+def serve_one_job(client: CoordinatorClient, worker: LocalWorker) -> int:
+    """Asks the coordinator for a job, runs it (cancelling it if the coordinator does), reports the end."""
+    job_json = client.request_job(worker.name)
+    job_id = json.loads(job_json)["job_id"]
+    finished = threading.Event()
+    watcher = threading.Thread(
+        target=_follow_cancellation, args=(client, job_id, worker, finished), daemon=True
+    )
+    watcher.start()
+    try:
+        result = worker.run(job_json, client.backend(job_id))
+    except WorkerError:
+        _report_exit(client, worker, job_id, 1, [])
+        raise
+    finally:
+        finished.set()
+    _report_exit(client, worker, job_id, result.exit_code, result.leaks)
+    return result.exit_code
+
+
+def _report_exit(
+    client: CoordinatorClient, worker: LocalWorker, job_id: str, code: int, leaks: list[str]
+) -> None:
+    # A coordinator that is gone must not hide the executor's own exit code.
+    try:
+        client.report_exit(job_id, code, leaks)
+    except CoordinatorError as exc:
+        warn(worker.name, str(exc))
+
+
+def _follow_cancellation(
+    client: CoordinatorClient, job_id: str, worker: LocalWorker, finished: threading.Event
+) -> None:
+    while not finished.wait(1.0):
+        try:
+            state = client.call("GET", f"/jobs/{job_id}")
+        except BackendError:
+            continue
+        if state.get("state") == "cancelled":
+            say(worker.name, f"job cancelled by the coordinator: {state.get('reason')}")
+            worker.cancel()
+            return
