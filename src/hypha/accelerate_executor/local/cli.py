@@ -144,6 +144,12 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument(
         "--connect-timeout", type=float, default=120.0, help="seconds to wait for the coordinator"
     )
+    worker.add_argument(
+        "--linger",
+        action="store_true",
+        help="after the job, stay until the coordinator is gone (compose: the coordinator's "
+        "exit ends the run, so workers must not end it first)",
+    )
     return parser
 
 
@@ -260,7 +266,12 @@ def _worker(args: argparse.Namespace) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, cancel)
     try:
-        return serve_one_job(client, worker)
+        exit_code = serve_one_job(client, worker)
     except (WorkerError, CoordinatorError) as exc:
         print(f"hypha-accelerate local worker: {exc}", file=sys.stderr)
         return 1
+    if args.linger:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, lambda signum, frame: sys.exit(exit_code))
+        client.wait_until_gone()
+    return exit_code

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,7 @@ def finish(summary: dict[str, Any], out_dir: Path, prefix: str = "local") -> boo
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     plot_path = out_dir / "loss.png"
     plotted = bool(verdict["rounds"]) and plot_losses(verdict["rounds"], plot_path)
+    _give_to_folder_owner(out_dir, [out_dir / "summary.json", plot_path])
     for name, worker in sorted(summary["workers"].items()):
         rate = worker["samples_per_s"]
         say(
@@ -99,6 +101,17 @@ def finish(summary: dict[str, Any], out_dir: Path, prefix: str = "local") -> boo
     else:
         say(prefix, "FAILED: " + "; ".join(verdict["reasons"]))
     return bool(verdict["passed"])
+
+
+def _give_to_folder_owner(folder: Path, files: list[Path]) -> None:
+    """A coordinator running as root (in compose) leaves its report to whoever owns the
+    output folder on the host, not to root."""
+    if os.geteuid() != 0:
+        return
+    owner = folder.stat()
+    for path in files:
+        if path.exists():
+            os.chown(path, owner.st_uid, owner.st_gid)
 
 
 def _number(value: float | None) -> str:
