@@ -85,7 +85,8 @@ def _worker_options_parser() -> argparse.ArgumentParser:
     worker.add_argument(
         "--executor",
         default="process",
-        help="process (python -m ...training), shim (hypha-accelerate run --variant cpu) or toml:PATH "
+        help="process (python -m ...training), shim (hypha-accelerate run --variant cpu), "
+        "shim:VARIANT or toml:PATH "
         "(the first train/process [[executors]] entry of a worker TOML); default process",
     )
     worker.add_argument(
@@ -136,7 +137,10 @@ def _parser() -> argparse.ArgumentParser:
         "--coordinator", required=True, metavar="URL", help="e.g. http://coordinator:8000"
     )
     worker.add_argument(
-        "--name", required=True, help="this worker's name in the coordinator's report"
+        "--name",
+        default=os.environ.get("HYPHA_WORKER_NAME"),
+        required="HYPHA_WORKER_NAME" not in os.environ,
+        help="this worker's name in the coordinator's report (default: $HYPHA_WORKER_NAME)",
     )
     worker.add_argument(
         "--keep-work-dir", action="store_true", help="leave the work dir for inspection"

@@ -76,11 +76,17 @@ def finish(summary: dict[str, Any], out_dir: Path, prefix: str = "local") -> boo
     for name, losses in verdict.pop("worker_losses").items():
         summary["workers"][name].update(losses)
     summary = {**verdict, **summary}
+    owner = _nearest_existing(out_dir).stat()
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     plot_path = out_dir / "loss.png"
     plotted = bool(verdict["rounds"]) and plot_losses(verdict["rounds"], plot_path)
-    _give_to_folder_owner(out_dir, [out_dir / "summary.json", plot_path])
+    if os.geteuid() == 0:
+        # A coordinator running as root (compose) leaves its report, and any folder it made
+        # for it, to whoever owns the output folder on the host.
+        for path in (out_dir, out_dir / "summary.json", plot_path):
+            if path.exists():
+                os.chown(path, owner.st_uid, owner.st_gid)
     for name, worker in sorted(summary["workers"].items()):
         rate = worker["samples_per_s"]
         say(
@@ -103,15 +109,10 @@ def finish(summary: dict[str, Any], out_dir: Path, prefix: str = "local") -> boo
     return bool(verdict["passed"])
 
 
-def _give_to_folder_owner(folder: Path, files: list[Path]) -> None:
-    """A coordinator running as root (in compose) leaves its report to whoever owns the
-    output folder on the host, not to root."""
-    if os.geteuid() != 0:
-        return
-    owner = folder.stat()
-    for path in files:
-        if path.exists():
-            os.chown(path, owner.st_uid, owner.st_gid)
+def _nearest_existing(path: Path) -> Path:
+    while not path.exists():
+        path = path.parent
+    return path
 
 
 def _number(value: float | None) -> str:

@@ -51,14 +51,17 @@ def preset(name: str) -> ExecutorEntry:
         return ExecutorEntry(
             sys.executable, ("-m", "hypha.accelerate_executor.training", *EXECUTOR_ARGS)
         )
-    if name == "shim":
+    if name == "shim" or name.startswith("shim:"):
+        variant = name.partition(":")[2] or "cpu"
         # The console script beside this interpreter, for a venv that is not activated.
         beside = Path(sys.executable).parent / "hypha-accelerate"
         command = shutil.which("hypha-accelerate") or (
             str(beside) if beside.is_file() else "hypha-accelerate"
         )
-        return ExecutorEntry(command, ("run", "--variant", "cpu", *EXECUTOR_ARGS))
-    raise WorkerError(f"unknown executor preset {name!r}: use process, shim or toml:PATH")
+        return ExecutorEntry(command, ("run", "--variant", variant, *EXECUTOR_ARGS))
+    raise WorkerError(
+        f"unknown executor preset {name!r}: use process, shim, shim:VARIANT or toml:PATH"
+    )
 
 
 def load_toml_entry(path: Path) -> ExecutorEntry:
@@ -93,7 +96,7 @@ def load_toml_entry(path: Path) -> ExecutorEntry:
 
 
 def executor_entry(spec: str) -> ExecutorEntry:
-    """`process`, `shim` or `toml:PATH`."""
+    """`process`, `shim` (the cpu variant), `shim:VARIANT` or `toml:PATH`."""
     if spec.startswith("toml:"):
         return load_toml_entry(Path(spec.removeprefix("toml:")))
     return preset(spec)
