@@ -1,0 +1,37 @@
+#!/bin/sh
+# Make the offline stand-in for python:3.11-slim-bookworm: a Debian bookworm minbase root fs
+# with python3 3.11, its venv module and CA certificates, imported as a Docker image.
+# Needs root, debootstrap and Debian's package archive. Skips when the image exists.
+#
+# usage: docker/make-base-image.sh [IMAGE]     (default hypha-accelerate-base:bookworm)
+set -eu
+
+image=${1:-hypha-accelerate-base:bookworm}
+mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+
+if docker image inspect "$image" >/dev/null 2>&1; then
+    echo "base image $image exists; nothing to do"
+    exit 0
+fi
+if ! command -v debootstrap >/dev/null 2>&1; then
+    echo "make-base-image: debootstrap not found (apt-get install -y debootstrap)" >&2
+    exit 1
+fi
+
+rootfs=$(mktemp -d /tmp/hypha-base-rootfs.XXXXXX)
+trap 'rm -rf "$rootfs"' EXIT
+
+echo "debootstrap bookworm into $rootfs (about a minute)"
+debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
+    bookworm "$rootfs" "$mirror" >"$rootfs.log" 2>&1 || {
+    echo "make-base-image: debootstrap failed, see $rootfs.log" >&2
+    exit 1
+}
+rm -f "$rootfs.log"
+# Package lists and caches are dead weight in every image built on top.
+rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/*.bin "$rootfs"/var/cache/apt/archives/*.deb
+
+tar -C "$rootfs" -c . | docker import \
+    --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+    --change 'CMD ["python3"]' - "$image" >/dev/null
+echo "base image $image made"

@@ -1,0 +1,42 @@
+#!/bin/sh
+# Collect every wheel an offline image build of VARIANT needs into one folder of the build
+# context: the pinned requirements (sdists such as DeepSpeed built into wheels, with
+# DS_BUILD_OPS=0), plus setuptools and wheel for building the project wheel. Uses the
+# host's pip and its configuration (here: torch 2.13.0+cpu from /opt/wheels). The host's
+# Python must match the image's (CPython 3.11 on Linux x86_64) for the wheels to fit.
+#
+# usage: docker/make-wheelhouse.sh VARIANT [DEST]
+#   VARIANT  a file name under docker/requirements/ without .txt (cpu, ci-standin-cu126, ...)
+#   DEST     default docker/wheelhouse/VARIANT (git-ignored)
+set -eu
+
+if [ $# -lt 1 ]; then
+    echo "usage: docker/make-wheelhouse.sh VARIANT [DEST]" >&2
+    exit 2
+fi
+here=$(cd "$(dirname "$0")" && pwd)
+variant=$1
+requirements=$here/requirements/$variant.txt
+dest=${2:-$here/wheelhouse/$variant}
+python=${PYTHON:-python3}
+
+if [ ! -f "$requirements" ]; then
+    echo "make-wheelhouse: no requirements for $variant ($requirements)" >&2
+    exit 2
+fi
+if ! "$python" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
+    echo "make-wheelhouse: $python is not CPython 3.11 (set PYTHON=); the image runs 3.11" >&2
+    exit 1
+fi
+
+mkdir -p "$dest"
+echo "wheelhouse $dest <- $requirements"
+log=$(mktemp /tmp/hypha-wheelhouse.XXXXXX)
+DS_BUILD_OPS=0 "$python" -m pip wheel --disable-pip-version-check --wheel-dir "$dest" \
+    --requirement "$requirements" "setuptools>=68" wheel >"$log" 2>&1 || {
+    tail -n 20 "$log" >&2
+    echo "make-wheelhouse: pip wheel failed for $variant (whole log: $log)" >&2
+    exit 1
+}
+rm -f "$log"
+echo "wheelhouse $dest ready: $(ls "$dest" | wc -l) wheels"

@@ -1,0 +1,402 @@
+"""The image's entrypoint: choose an accelerate config, start the training ranks, pass signals on.
+
+    python -m hypha.accelerate_executor.launcher --socket S --work-dir W --job J
+        [--accelerate-config auto|NAME|PATH] [--num-processes N] [--print-config]
+
+`auto` picks from the image's variant (HYPHA_VARIANT) and the GPUs the container sees:
+none on cpu -> cpu.yaml, one -> gpu.yaml, several -> multi-gpu.yaml with one process per
+GPU. A single-process, non-distributed config starts the training module directly with
+the environment `accelerate launch` would give it: accelerate's own launcher costs seconds
+of start-up and adds nothing for one process. Everything else goes through
+`accelerate launch`.
+
+The ranks run in their own process group. SIGTERM/SIGINT go to the whole group (the worker
+signals only its direct child, and the container may run without --init); whatever is left
+after a short grace is killed, so a cancelled job is gone within 3 seconds.
+
+No torch import: GPUs are counted from /dev and the *_VISIBLE_DEVICES variables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any, NoReturn
+
+from hypha.accelerate_executor import __version__
+
+TRAINING_MODULE = "hypha.accelerate_executor.training"
+# The worker waits 5 s before SIGKILL; the job must be gone in 3 s, so the ranks get this
+# long to exit on SIGTERM before the launcher kills what is left.
+TERM_GRACE_S = 2.5
+VARIANTS = ("cpu", "cu126", "cu129", "rocm64", "mps")
+EXIT_USAGE = 2
+AMD_VENDOR_ID = "0x1002"
+
+
+class LaunchError(Exception):
+    """A bad argument or config: one line on stderr, exit 2."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the launcher will run, for one job."""
+
+    variant: str
+    gpus: int
+    config_path: Path
+    how_chosen: str
+    num_processes: int
+    distributed_type: str
+    command: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def direct(self) -> bool:
+        return self.command[1:3] == ["-m", TRAINING_MODULE]
+
+
+def configs_dir(env: Mapping[str, str]) -> Path:
+    """The bundled accelerate configs: the image sets HYPHA_ACCELERATE_CONFIGS; a source
+    checkout has them at its root."""
+    given = env.get("HYPHA_ACCELERATE_CONFIGS")
+    return Path(given) if given else Path(__file__).resolve().parents[3] / "accelerate-configs"
+
+
+def image_variant(env: Mapping[str, str], dev: Path = Path("/dev")) -> str:
+    """The variant baked into the image; outside one (a source checkout), the kind of GPU
+    present stands for it."""
+    variant = env.get("HYPHA_VARIANT")
+    if variant is None:
+        if (dev / "kfd").exists():
+            return "rocm64"
+        return "cu126" if _nvidia_nodes(dev) else "cpu"
+    if variant not in VARIANTS:
+        raise LaunchError(f"HYPHA_VARIANT={variant!r} is not one of {', '.join(VARIANTS)}")
+    return variant
+
+
+def _nvidia_nodes(dev: Path) -> list[Path]:
+    return [p for p in dev.glob("nvidia*") if re.fullmatch(r"nvidia\d+", p.name)]
+
+
+def _visible_limit(env: Mapping[str, str], names: Sequence[str]) -> int | None:
+    """How many devices the first set *_VISIBLE_DEVICES variable admits (None: unset)."""
+    for name in names:
+        value = env.get(name)
+        if value is not None:
+            entries = [e for e in value.split(",") if e.strip()]
+            # CUDA treats an invalid entry as the end of the list; -1 is the usual "none".
+            return 0 if not entries or entries[0].strip() == "-1" else len(entries)
+    return None
+
+
+def count_gpus(
+    variant: str, env: Mapping[str, str], dev: Path = Path("/dev"), sys_root: Path = Path("/sys")
+) -> int:
+    """GPUs this process may use. The NVIDIA runtime and `--device` put only the granted
+    devices into the container's /dev, so the nodes there are the truth; the visibility
+    variables can narrow them further."""
+    if variant in ("cu126", "cu129"):
+        found = len(_nvidia_nodes(dev))
+        limit = _visible_limit(env, ("CUDA_VISIBLE_DEVICES",))
+    elif variant == "rocm64":
+        if not (dev / "kfd").exists():
+            return 0
+        # Render nodes of other vendors (an integrated GPU, say) may sit beside AMD's.
+        found = sum(
+            1
+            for node in (dev / "dri").glob("renderD*")
+            if _read(sys_root / "class" / "drm" / node.name / "device" / "vendor") == AMD_VENDOR_ID
+        )
+        limit = _visible_limit(
+            env, ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
+        )
+    elif variant == "mps":
+        return 1
+    else:
+        return 0
+    return found if limit is None else min(found, limit)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def resolve_config(
+    requested: str, variant: str, gpus: int, num_processes: int | None, directory: Path
+) -> tuple[Path, str]:
+    """The config file for `--accelerate-config` (bundled ones in `directory`) and a note on
+    how it was chosen."""
+    if requested != "auto":
+        path = Path(requested)
+        if "/" not in requested and not requested.endswith((".yaml", ".yml")):
+            path = directory / f"{requested}.yaml"
+            if not path.is_file():
+                names = sorted(p.stem for p in directory.glob("*.yaml"))
+                raise LaunchError(
+                    f"no accelerate config named {requested!r}; bundled: {', '.join(names) or 'none'} "
+                    "(or pass a path to a YAML file)"
+                )
+        elif not path.is_file():
+            raise LaunchError(f"accelerate config {requested} does not exist")
+        return path, "given"
+    if variant == "mps":
+        name = "mps"
+    elif variant == "cpu":
+        name = "multi-cpu" if (num_processes or 1) > 1 else "cpu"
+    elif gpus == 0:
+        raise LaunchError(
+            f"the {variant} image sees no GPU: run the container with the GPU runtime "
+            f"({'--gpus all' if variant.startswith('cu') else '--device /dev/kfd --device /dev/dri'}), "
+            "or choose a config with --accelerate-config cpu"
+        )
+    else:
+        name = "gpu" if (num_processes or gpus) == 1 else "multi-gpu"
+    return directory / f"{name}.yaml", f"auto: variant {variant}, {gpus} GPU(s) visible"
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    import yaml  # type: ignore[import-untyped]  # no stubs in the dev env
+
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
+        raise LaunchError(f"cannot read accelerate config {path}: {reason}") from None
+    if not isinstance(loaded, dict) or "distributed_type" not in loaded:
+        raise LaunchError(f"accelerate config {path} is not a mapping with a distributed_type")
+    return loaded
+
+
+def free_port() -> int:
+    """A free loopback port for the ranks' rendezvous, so that containers sharing the host
+    network (or several jobs on one host) do not collide on accelerate's fixed 29500."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def plan(
+    args: argparse.Namespace,
+    env: Mapping[str, str],
+    dev: Path = Path("/dev"),
+    sys_root: Path = Path("/sys"),
+) -> Plan:
+    variant = image_variant(env, dev)
+    gpus = count_gpus(variant, env, dev, sys_root)
+    path, how = resolve_config(
+        args.accelerate_config, variant, gpus, args.num_processes, configs_dir(env)
+    )
+    config = read_config(path)
+    distributed = str(config["distributed_type"])
+    if distributed == "NO":
+        processes = args.num_processes or 1
+        if processes != 1:
+            raise LaunchError(
+                f"accelerate config {path.name} runs one process (distributed_type NO), "
+                f"not {processes}; choose multi-gpu or multi-cpu"
+            )
+    elif args.num_processes:
+        processes = args.num_processes
+    elif distributed == "MULTI_CPU" or config.get("use_cpu"):
+        processes = int(config.get("num_processes") or 1)
+    elif gpus == 0:
+        raise LaunchError(
+            f"accelerate config {path.name} ({distributed}) needs GPUs and this container sees none; "
+            "pass --num-processes to override"
+        )
+    else:
+        processes = gpus
+
+    training_args = [
+        "-m", TRAINING_MODULE,
+        "--socket", args.socket or "{SOCKET_PATH}",
+        "--work-dir", args.work_dir or "{WORK_DIR}",
+        "--job", args.job or "{JOB_JSON}",
+    ]  # fmt: skip
+    extra_env: dict[str, str] = {}
+    if distributed == "NO":
+        # What `accelerate launch` exports for one process, without its start-up cost.
+        dynamo = (config.get("dynamo_config") or {}).get("dynamo_backend", "no")
+        extra_env = {
+            "ACCELERATE_USE_CPU": str(bool(config.get("use_cpu"))),
+            "ACCELERATE_MIXED_PRECISION": str(config.get("mixed_precision") or "no").lower(),
+            "ACCELERATE_DYNAMO_BACKEND": str(dynamo).upper(),
+        }
+        command = [sys.executable, *training_args]
+    else:
+        command = [
+            sys.executable, "-m", "accelerate.commands.launch",
+            "--config_file", str(path),
+            "--num_processes", str(processes),
+            "--main_process_port", str(free_port()),
+        ]  # fmt: skip
+        if distributed == "MULTI_CPU":
+            # accelerate runs MULTI_CPU through mpirun, which the image lacks; its torchrun
+            # path starts the ranks, and this variable puts each of them on the CPU.
+            command.append("--multi_gpu")
+            extra_env["ACCELERATE_USE_CPU"] = "True"
+        command += training_args
+    return Plan(variant, gpus, path, how, processes, distributed, command, extra_env)
+
+
+def require_writable_home(env: Mapping[str, str]) -> None:
+    """Every cache lives under HOME (/tmp in the image); on a read-only root fs without a
+    tmpfs there, the job would fail deep inside a library instead of here."""
+    home = env.get("HOME")
+    if home and not os.access(home, os.W_OK):
+        raise LaunchError(
+            f"HOME {home} is not writable: give the container a tmpfs there (--tmpfs {home})"
+        )
+
+
+def redacted(command: Sequence[str]) -> str:
+    """The command line for humans: the job JSON may carry tokens, so only its size shows."""
+    shown: list[str] = []
+    for i, arg in enumerate(command):
+        if i > 0 and command[i - 1] == "--job" and not arg.startswith("@") and arg != "{JOB_JSON}":
+            arg = f"<job JSON, {len(arg.encode())} bytes>"
+        shown.append(arg if arg and " " not in arg else repr(arg))
+    return " ".join(shown)
+
+
+def describe(p: Plan) -> str:
+    lines = [
+        f"variant: {p.variant}",
+        f"gpus visible: {p.gpus}",
+        f"accelerate config: {p.config_path} ({p.how_chosen})",
+        f"distributed type: {p.distributed_type}",
+        f"num processes: {p.num_processes}",
+        "launch: "
+        + ("training module directly (one process)" if p.direct else "accelerate launch"),
+        "env: " + (" ".join(f"{k}={v}" for k, v in p.env.items()) or "-"),
+        f"command: {redacted(p.command)}",
+        f"--- {p.config_path.name}",
+        p.config_path.read_text().rstrip(),
+    ]
+    return "\n".join(lines)
+
+
+class Supervisor:
+    """Runs the ranks in their own process group and carries signals to all of them."""
+
+    def __init__(self) -> None:
+        self.child: subprocess.Popen[bytes] | None = None
+        self.signal_received: int | None = None
+        self.kill_at: float | None = None
+
+    def run(self, command: Sequence[str], env: Mapping[str, str]) -> int:
+        # Handlers first: a SIGTERM that lands while the child starts must still reach it.
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, self._on_signal)
+        self.child = subprocess.Popen(list(command), env=dict(env), start_new_session=True)
+        if self.signal_received is not None:
+            self._signal_group(self.signal_received)
+        while True:
+            try:
+                code = self.child.wait(timeout=0.1)
+                break
+            except subprocess.TimeoutExpired:
+                if self.kill_at is not None and time.monotonic() >= self.kill_at:
+                    self._signal_group(signal.SIGKILL)
+                    self.kill_at = None
+        # Ranks or helpers that outlived the main child would be orphans in the container.
+        self._signal_group(signal.SIGKILL)
+        if self.signal_received is not None:
+            return 128 + self.signal_received
+        return 128 - code if code < 0 else code
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        if self.signal_received is None:
+            self.signal_received = signum
+            self.kill_at = time.monotonic() + TERM_GRACE_S
+        self._signal_group(signum)
+
+    def _signal_group(self, signum: int) -> None:
+        if self.child is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.child.pid, signum)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise LaunchError(f"{message} (see --help)")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="python -m hypha.accelerate_executor.launcher",
+        description="Choose an accelerate config and start the Hypha training executor's ranks.",
+    )
+    p.add_argument("--socket", help="the job bridge's Unix socket (WORK_DIR/bridge.sock)")
+    p.add_argument("--work-dir", help="the job's work directory")
+    p.add_argument("--job", help="the job spec JSON, or @PATH to a file holding it")
+    p.add_argument(
+        "--accelerate-config",
+        default="auto",
+        metavar="auto|NAME|PATH",
+        help="auto (from the variant and visible GPUs), a bundled config's name "
+        "(cpu, multi-cpu, gpu, multi-gpu, fsdp, deepspeed-zero2, deepspeed-zero3, mps) "
+        "or a path to a YAML file; default auto",
+    )
+    p.add_argument(
+        "--num-processes",
+        type=int,
+        metavar="N",
+        help="training processes; default: one per visible GPU",
+    )
+    p.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the chosen config and command, run nothing",
+    )
+    p.add_argument("--version", action="store_true", help="print the version and exit")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+        if args.version:
+            print(f"hypha-accelerate-executor {__version__} ({image_variant(os.environ)})")
+            return 0
+        if args.num_processes is not None and args.num_processes < 1:
+            raise LaunchError(f"--num-processes must be at least 1, not {args.num_processes}")
+        if not args.print_config:
+            missing = [
+                f"--{n.replace('_', '-')}"
+                for n in ("socket", "work_dir", "job")
+                if not getattr(args, n)
+            ]
+            if missing:
+                raise LaunchError(f"missing {', '.join(missing)} (see --help)")
+        chosen = plan(args, os.environ)
+        if not args.print_config:
+            require_writable_home(os.environ)
+    except LaunchError as exc:
+        print(f"launcher: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.print_config:
+        print(describe(chosen))
+        return 0
+    return Supervisor().run(chosen.command, {**os.environ, **chosen.env})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""`hypha-accelerate build`'s mistakes a user can make: one line on stderr, non-zero exit,
+nothing built."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+
+import pytest
+from image_harness import ROOT
+
+from hypha.accelerate_executor.shim import build
+from hypha.accelerate_executor.shim.errors import ShimError
+
+
+def run_build(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hypha.accelerate_executor.cli", "build", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["tpu"], "invalid choice: 'tpu'"),
+        (["cu126", "--requirements", "ci-standin-cu126.txt"], "name it with --tag"),
+        (["all", "--tag", "x:y"], "apply to one variant, not all"),
+        (["cpu", "--wheelhouse", "/tmp"], "must lie inside the build context"),
+        (
+            ["cpu", "--requirements", "nope.txt", "--tag", "x:y", "--offline"],
+            "no requirements file",
+        ),
+    ],
+)
+def test_bad_arguments_end_in_one_line_and_exit_2(args: list[str], message: str) -> None:
+    result = run_build(*args)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert len(result.stderr.splitlines()) == 1 and message in result.stderr
+
+
+def test_an_unreachable_engine_is_one_line_and_exit_125() -> None:
+    result = run_build("cpu", env={"DOCKER_HOST": "unix:///nonexistent/docker.sock"})
+    assert result.returncode == 125
+    assert result.stderr.splitlines() == [
+        "hypha-accelerate build: cannot reach the Docker engine at unix:///nonexistent/docker.sock: "
+        "No such file or directory (is dockerd running, and may this user use its socket?)"
+    ]
+
+
+def test_torch_pin_reads_through_includes() -> None:
+    assert build.torch_pin(ROOT, "cu129.txt") == "2.13.0"
+    assert "accelerate==1.15.0" in list(
+        build.requirement_lines(ROOT / "docker/requirements/cu129.txt")
+    )
+
+
+def test_progress_condenses_the_stream_to_step_lines(capsys: pytest.CaptureFixture[str]) -> None:
+    log = io.StringIO()
+    log.name = "build.log"
+    progress = build.Progress("cpu", log)
+    progress.feed(
+        [
+            {"stream": "Step 1/3 : FROM base AS wheel\n"},
+            {"stream": " ---> a20d3c65b727\n"},
+            {"stream": "Step 2/3 : RUN pip install x\n"},
+            {"stream": " ---> Running in 1234\n"},
+            {
+                "stream": "Collecting x\n\x1b[91mERROR: No matching distribution found for x\n\x1b[0m"
+            },
+        ]
+    )
+    shown = capsys.readouterr().out.splitlines()
+    assert [line.split("] ", 1)[1] for line in shown] == [
+        "step 1/3: FROM base AS wheel",
+        "step 2/3: RUN pip install x",
+    ]
+    with pytest.raises(ShimError) as failed:
+        progress.feed(
+            [{"error": "The command '/bin/sh -c pip install x' returned a non-zero code: 1"}]
+        )
+    assert str(failed.value) == (
+        "build of cpu failed at step 2/3: the command returned a non-zero code: 1; "
+        "last error output: ERROR: No matching distribution found for x (full log: build.log)"
+    )
+    assert "Collecting x" in log.getvalue()

@@ -1,0 +1,130 @@
+"""The cpu image, built offline: labels, an arbitrary non-root uid under the production
+hardening, no CUDA libraries, the bundled configs, the launcher as entrypoint."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from typing import Any
+
+import pytest
+from image_harness import ARBITRARY_USER, ROOT, docker_run
+
+from hypha.accelerate_executor import __version__
+
+pytestmark = pytest.mark.docker
+
+# Runs inside the container as the arbitrary uid: what the process sees of itself.
+PROBE = r"""
+import importlib.metadata as md, json, os, pathlib, sys
+def writable(path):
+    try:
+        pathlib.Path(path).mkdir(parents=True, exist_ok=True)
+        (pathlib.Path(path) / "probe").write_text("x")
+        return True
+    except OSError:
+        return False
+import torch, transformers, accelerate
+venv = pathlib.Path(sys.prefix)
+print(json.dumps({
+    "uid": os.getuid(), "gid": os.getgid(),
+    "home": os.environ["HOME"],
+    "caches": {k: os.environ.get(k) for k in (
+        "XDG_CACHE_HOME", "HF_HOME", "TORCH_HOME", "TRITON_CACHE_DIR", "MPLCONFIGDIR",
+        "TORCHINDUCTOR_CACHE_DIR", "TORCH_EXTENSIONS_DIR", "CUDA_CACHE_PATH")},
+    "unbuffered": os.environ.get("PYTHONUNBUFFERED"),
+    "cache_writable": writable(os.environ["HF_HOME"]),
+    "root_fs_writable": writable("/opt/hypha/probe-dir"),
+    "torch": torch.__version__,
+    "cuda_built": torch.version.cuda,
+    "cuda_packages": sorted(d.metadata["Name"] for d in md.distributions()
+                            if d.metadata["Name"].lower().startswith(("nvidia-", "triton"))),
+    "cuda_libraries": sorted(p.name for p in venv.rglob("lib*.so*")
+                             if p.name.startswith(("libcudart", "libcublas", "libcudnn", "libnccl"))),
+    "configs": sorted(p.name for p in pathlib.Path(os.environ["HYPHA_ACCELERATE_CONFIGS"]).iterdir()),
+}))
+"""
+
+
+@pytest.fixture(scope="module")
+def probe(cpu_image: str) -> dict[str, Any]:
+    result = docker_run(cpu_image, "-c", PROBE, options=("--entrypoint", "/opt/venv/bin/python"))
+    assert result.returncode == 0, result.stderr
+    return dict(json.loads(result.stdout))
+
+
+def test_labels_state_version_variant_torch_and_revision(docker_api: Any, cpu_image: str) -> None:
+    labels = docker_api.inspect_image(cpu_image)["Config"]["Labels"]
+    assert labels["org.opencontainers.image.version"] == __version__
+    assert labels["io.hypha.accelerate-executor.variant"] == "cpu"
+    assert labels["io.hypha.accelerate-executor.torch-version"] == "2.13.0"
+    assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?", labels["org.opencontainers.image.revision"])
+
+
+def test_both_tags_name_the_same_image(docker_api: Any, cpu_image: str) -> None:
+    moving = docker_api.inspect_image("hypha-accelerate-executor:cpu")["Id"]
+    assert docker_api.inspect_image(cpu_image)["Id"] == moving
+
+
+def test_runs_as_an_arbitrary_uid_on_a_read_only_root(probe: dict[str, Any]) -> None:
+    assert f"{probe['uid']}:{probe['gid']}" == ARBITRARY_USER
+    assert probe["home"] == "/tmp"
+    assert all(value and value.startswith("/tmp/") for value in probe["caches"].values())
+    assert probe["cache_writable"] and not probe["root_fs_writable"]
+    assert probe["unbuffered"] == "1"
+
+
+def test_carries_cpu_torch_and_no_cuda_at_all(probe: dict[str, Any]) -> None:
+    assert probe["torch"] == "2.13.0+cpu"
+    assert probe["cuda_built"] is None
+    assert probe["cuda_packages"] == []
+    assert probe["cuda_libraries"] == []
+
+
+def test_bundles_every_accelerate_config(probe: dict[str, Any]) -> None:
+    assert probe["configs"] == sorted(p.name for p in (ROOT / "accelerate-configs").glob("*.yaml"))
+
+
+def test_entrypoint_is_the_launcher(cpu_image: str) -> None:
+    version = docker_run(cpu_image, "--version")
+    assert version.returncode == 0, version.stderr
+    assert version.stdout.strip() == f"hypha-accelerate-executor {__version__} (cpu)"
+    shown = docker_run(cpu_image, "--print-config")
+    assert shown.returncode == 0, shown.stderr
+    assert "accelerate config: /opt/hypha/accelerate-configs/cpu.yaml (auto" in shown.stdout
+    assert "command: /opt/venv/bin/python -m hypha.accelerate_executor.training" in shown.stdout
+
+
+def test_bad_arguments_end_in_one_line_and_exit_2(cpu_image: str) -> None:
+    result = docker_run(cpu_image, "--socket", "/nowhere.sock")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "launcher: missing --work-dir, --job (see --help)"
+    ]
+
+
+def test_a_read_only_root_without_tmpfs_is_one_line_and_exit_2(cpu_image: str) -> None:
+    result = subprocess.run(
+        ["docker", "run", "--rm", "--user", ARBITRARY_USER, "--read-only", cpu_image,
+         "--socket", "/w/bridge.sock", "--work-dir", "/w", "--job", "{}"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "launcher: HOME /tmp is not writable: give the container a tmpfs there (--tmpfs /tmp)"
+    ]
+
+
+def test_several_cpu_ranks_start_through_accelerate_launch(cpu_image: str) -> None:
+    shown = docker_run(cpu_image, "--print-config", "--num-processes", "2")
+    assert shown.returncode == 0, shown.stderr
+    assert "multi-cpu.yaml" in shown.stdout and "accelerate.commands.launch" in shown.stdout
+
+
+def test_the_image_holds_no_build_leftovers(cpu_image: str) -> None:
+    listing = docker_run(cpu_image, "-c", "ls /; echo ==; ls /opt", options=("--entrypoint", "sh"))
+    assert listing.returncode == 0, listing.stderr
+    top, opt = (part.split() for part in listing.stdout.split("=="))
+    assert not {"wheelhouse", "requirements", "build", "dist", "check_venv.py"} & set(top)
+    assert opt == ["hypha", "venv"]
