@@ -1,7 +1,8 @@
 #!/bin/sh
 # Collect every wheel an offline image build of VARIANT needs into one folder of the build
 # context: the pinned requirements (sdists such as DeepSpeed built into wheels, with
-# DS_BUILD_OPS=0), plus setuptools and wheel for building the project wheel. Uses the
+# DS_BUILD_OPS=0), the local cluster's few extra packages (cluster.txt, for compose.yaml),
+# plus setuptools and wheel for building the project wheel. Uses the
 # host's pip and its configuration (here: torch 2.13.0+cpu from /opt/wheels). The host's
 # Python must match the image's (CPython 3.11 on Linux x86_64) for the wheels to fit.
 #
@@ -33,7 +34,8 @@ mkdir -p "$dest"
 echo "wheelhouse $dest <- $requirements"
 log=$(mktemp /tmp/hypha-wheelhouse.XXXXXX)
 DS_BUILD_OPS=0 "$python" -m pip wheel --disable-pip-version-check --wheel-dir "$dest" \
-    --requirement "$requirements" "setuptools>=68" wheel >"$log" 2>&1 || {
+    --requirement "$requirements" --requirement "$here/requirements/cluster.txt" \
+    "setuptools>=68" wheel >"$log" 2>&1 || {
     tail -n 20 "$log" >&2
     echo "make-wheelhouse: pip wheel failed for $variant (whole log: $log)" >&2
     exit 1

@@ -233,8 +233,10 @@ def _with_run_options(args: argparse.Namespace) -> int:
     with coordinator, cancel_on_signals(coordinator):
         say("coordinator", f"listening on {host}:{port}; waiting for {options.workers} workers")
         supervise(coordinator, coordinator.finished, args.timeout)
-        summary = coordinator.summary()
-    return 0 if finish(summary, args.out, prefix="coordinator") else 1
+        # The report is written while still serving: lingering workers leave (and compose
+        # ends the run) only once the coordinator is gone.
+        passed = finish(coordinator.summary(), args.out, prefix="coordinator")
+    return 0 if passed else 1
 
 
 def _worker(args: argparse.Namespace) -> int:

@@ -254,6 +254,7 @@ def build_image(api: APIClient, root: Path, spec: ImageBuild) -> None:
                 dockerfile=DOCKERFILE,
                 tag=spec.tags[0],
                 buildargs=spec.buildargs(),
+                target="runtime",  # later stages are the local cluster's, not the executor's
                 rm=True,
                 forcerm=True,
                 pull=False,
