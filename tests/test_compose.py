@@ -1,0 +1,81 @@
+"""compose.yaml: valid with every override, and the whole local cluster run for real."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def compose_command() -> list[str]:
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    if subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
+        return ["docker", "compose"]
+    pytest.skip("neither docker-compose nor the docker compose plugin is installed")
+
+
+def offline_environment() -> dict[str, str]:
+    """What .ci/run's offline machines need: the locally made base image and the wheelhouse
+    that `hypha-accelerate build cpu --offline` leaves behind."""
+    env = dict(os.environ)
+    if os.environ.get("HYPHA_OFFLINE") == "1":
+        env.setdefault("HYPHA_BASE_IMAGE", "hypha-accelerate-base:bookworm")
+        env.setdefault("HYPHA_WHEELHOUSE", "docker/wheelhouse/cpu")
+    return env
+
+
+@pytest.mark.parametrize(
+    ("files", "variant", "expected"),
+    [
+        (["compose.yaml"], "cpu", "--executor=shim:cpu"),
+        (["compose.yaml", "compose.gpu.yaml"], "cu126", "driver: nvidia"),
+        (["compose.yaml", "compose.rocm.yaml"], "rocm64", "/dev/kfd"),
+    ],
+)
+def test_compose_files_are_valid(files: list[str], variant: str, expected: str) -> None:
+    arguments = [argument for name in files for argument in ("-f", name)]
+    done = subprocess.run(
+        [*compose_command(), *arguments, "config"],
+        cwd=REPO, env={**os.environ, "HYPHA_VARIANT": variant}, capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert expected in done.stdout
+    assert f"hypha-accelerate-executor:{variant}" in done.stdout
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_compose_cluster_trains_and_leaves_nothing_behind() -> None:
+    project = f"hypha-test-{uuid.uuid4().hex[:8]}"
+    compose = [*compose_command(), "--project-name", project]
+    env = {**offline_environment(), "HYPHA_ROUNDS": "3", "HYPHA_STEPS_PER_ROUND": "20"}
+    out = REPO / "out" / "compose"
+    shutil.rmtree(out, ignore_errors=True)
+    try:
+        up = subprocess.run(
+            [*compose, "up", "--build", "--exit-code-from", "coordinator"],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=1500,
+        )  # fmt: skip
+        assert up.returncode == 0, up.stdout[-4000:] + up.stderr[-2000:]
+    finally:
+        subprocess.run([*compose, "down", "--volumes"], cwd=REPO, env=env, capture_output=True)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["passed"], summary["reasons"]
+    assert [w["exit_code"] for w in summary["workers"].values()] == [0, 0]
+    losses = [r["mean_loss"] for r in summary["rounds"]]
+    assert len(losses) == 3 and losses[-1] <= 0.6 * losses[0]
+    assert (out / "loss.png").stat().st_size > 0
+    # Neither the cluster's containers nor any executor container the shim started remain.
+    leftovers = subprocess.run(
+        ["docker", "ps", "-a", "--format", "{{.Names}} {{.Image}}"], capture_output=True, text=True
+    ).stdout
+    assert project not in leftovers
+    assert "hypha-accelerate-executor" not in leftovers
