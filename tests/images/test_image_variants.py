@@ -24,13 +24,16 @@ def pins(name: str) -> dict[str, str]:
 
 
 def test_stages_read_top_to_bottom_on_one_base() -> None:
-    stages = re.findall(r"^FROM (\S+) AS (\w+)$", DOCKERFILE, re.MULTILINE)
+    stages = re.findall(r"^FROM (\S+) AS ([\w-]+)$", DOCKERFILE, re.MULTILINE)
     assert stages == [
         ("${BASE_IMAGE}", "wheel"),
         ("${BASE_IMAGE}", "venv"),
         ("${BASE_IMAGE}", "runtime"),
+        # The local cluster's image, on top of the executor's, for compose.yaml.
+        ("venv", "cluster-packages"),
+        ("runtime", "cluster"),
     ]
-    runtime = DOCKERFILE.split("AS runtime", 1)[1]
+    runtime = DOCKERFILE.split("AS runtime", 1)[1].split("\nFROM ", 1)[0]
     assert set(re.findall(r"COPY --from=(\w+)", runtime)) == {"wheel", "venv"}
     assert runtime.rstrip().endswith('CMD ["--help"]')
     assert (
