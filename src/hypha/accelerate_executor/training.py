@@ -218,37 +218,37 @@ class Trainer:
         from hypha.accelerate_executor.progress import expect
 
         started = time.perf_counter()
-        local = self.weights.gather()
-        answer = "Continue"
-        if self.bridge is not None and self.inbox is not None:
-            relative = f"pseudo-gradients/round-{round_number}.safetensors"
-            size = self.global_weights.write_pseudo_gradient(
-                local, self.work_dir / relative, self.pseudo_gradient_dtype
-            )
-            self.bridge.send(self.job.config.updates, relative)  # never touched again
-            expect(self.bridge.status("update"), "Ok", sent="update")
-            outgoing = time.perf_counter() - started
-            wait_started = time.perf_counter()
-            received = self.inbox.next_update()
-            waited = time.perf_counter() - wait_started
-            merge_started = time.perf_counter()
-            self.global_weights.merge_update(received.path)
+        local = self.weights.gather()  # a collective: every rank takes part
+        if self.bridge is None or self.inbox is None:  # not rank 0: only the collectives
+            self.weights.load({})
+            return str(self.ranks.share(None))
+
+        relative = f"pseudo-gradients/round-{round_number}.safetensors"
+        size = self.global_weights.write_pseudo_gradient(
+            local, self.work_dir / relative, self.pseudo_gradient_dtype
+        )
         del local
+        self.bridge.send(self.job.config.updates, relative)  # never touched again
+        expect(self.bridge.status("update"), "Ok", sent="update")
+        outgoing = time.perf_counter() - started
+
+        received = self.inbox.next_update()
+        merge_started = time.perf_counter()
+        waited = merge_started - started - outgoing
+        self.global_weights.merge_update(received.path)
         self.weights.load(self.global_weights.tensors)
-        if self.bridge is not None:
-            merged = time.perf_counter() - merge_started
-            answer = expect(
-                self.bridge.status("update-received"), "Continue", "Done", sent="update-received"
-            )
-            # The parameter server had the previous round's file before it sent that round's update.
-            (self.work_dir / f"pseudo-gradients/round-{round_number - 1}.safetensors").unlink(
-                missing_ok=True
-            )
-            self.say(
-                f"round {round_number}: loss {stats.loss:.4f} | {stats.batches} batches | "
-                f"{stats.samples / stats.seconds:.1f} samples/s | sync {outgoing + merged:.3f} s "
-                f"({size / 1e6:.1f} MB out) + {waited:.2f} s waiting for the update"
-            )
+        merged = time.perf_counter() - merge_started
+        answer = expect(
+            self.bridge.status("update-received"), "Continue", "Done", sent="update-received"
+        )
+        # The parameter server had the previous round's file before it sent that round's update.
+        previous = self.work_dir / f"pseudo-gradients/round-{round_number - 1}.safetensors"
+        previous.unlink(missing_ok=True)
+        self.say(
+            f"round {round_number}: loss {stats.loss:.4f} | {stats.batches} batches | "
+            f"{stats.samples / stats.seconds:.1f} samples/s | sync {outgoing + merged:.3f} s "
+            f"({size / 1e6:.1f} MB out) + {waited:.2f} s waiting for the update"
+        )
         return str(self.ranks.share(answer))
 
     def say(self, message: str) -> None:
