@@ -1,0 +1,135 @@
+"""Running one executor container to its end: create, attach, start, stream, wait, remove.
+
+Order matters. The output stream is attached before the container starts, so no line is
+lost; the exit code comes from `wait`, and the state (OOMKilled) from an inspect after it,
+which is why the container is never auto-removed: it is removed here, explicitly, on every
+path out, and by the watchdog if this process is SIGKILLed.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from hypha.accelerate_executor.shim.engine import explain, remove_container
+from hypha.accelerate_executor.shim.errors import EXIT_DOCKER, ShimError
+from hypha.accelerate_executor.shim.interrupts import Interrupts
+from hypha.accelerate_executor.shim.output import DRAIN_SECONDS, LineWriter
+from hypha.accelerate_executor.shim.reaper import reap_stale
+from hypha.accelerate_executor.shim.spec import ContainerSpec
+from hypha.accelerate_executor.shim.watchdog import guard_container
+
+if TYPE_CHECKING:
+    from docker import APIClient
+
+# The worker SIGKILLs 5 s after SIGTERM: the executor gets 3 s to end, then the engine kills
+# it, and the removal still fits.
+STOP_GRACE_SECONDS = 3
+
+
+@dataclass(frozen=True)
+class Outcome:
+    exit_code: int  # the container's own
+    oom_killed: bool
+    cancelled_by: str | None  # the signal that asked for the stop, if one did
+
+
+def _pump(stream: Iterator[tuple[bytes | None, bytes | None]]) -> None:
+    stdout, stderr = LineWriter(sys.stdout.fileno()), LineWriter(sys.stderr.fileno())
+    try:
+        for out, err in stream:
+            if out:
+                stdout.feed(out)
+            if err:
+                stderr.feed(err)
+    except Exception:
+        pass  # the connection dropped; the exit code still comes from `wait`
+    stdout.close()
+    stderr.close()
+
+
+class _Waiter(threading.Thread):
+    """`wait` blocks without a timeout for as long as the job trains, so it gets a thread."""
+
+    def __init__(self, api: APIClient, container_id: str, interrupts: Interrupts) -> None:
+        super().__init__(daemon=True)
+        self._api, self._id, self._interrupts = api, container_id, interrupts
+        self.result: dict[str, Any] | None = None
+        self.error: str | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self._api.wait(self._id)
+        except Exception as exc:
+            self.error = str(getattr(exc, "explanation", None) or exc)
+        self._interrupts.job_ended()
+
+
+def run_container(api: APIClient, spec: ContainerSpec, interrupts: Interrupts) -> Outcome:
+    from docker.errors import APIError
+
+    if interrupts.signum is not None:  # cancelled while starting up: nothing to create
+        return Outcome(interrupts.exit_code, False, interrupts.signal_name)
+    try:
+        container_id = api.create_container(**spec.create_kwargs(api))["Id"]
+    except APIError as exc:
+        raise ShimError(f"cannot create the container: {explain(exc)}", EXIT_DOCKER) from None
+    watchdog = guard_container(container_id)
+    try:
+        return _run_created(api, container_id, interrupts)
+    finally:
+        try:
+            remove_container(api, container_id)
+        except APIError as exc:
+            print(
+                f"hypha-accelerate run: container {container_id[:12]} not removed: {explain(exc)}",
+                file=sys.stderr,
+            )
+        else:
+            watchdog.disarm()
+
+
+def _run_created(api: APIClient, container_id: str, interrupts: Interrupts) -> Outcome:
+    from docker.errors import APIError, NotFound
+
+    try:
+        stream = api.attach(
+            container_id, stdout=True, stderr=True, stream=True, logs=True, demux=True
+        )
+        pump = threading.Thread(target=_pump, args=(stream,), daemon=True)
+        pump.start()
+        api.start(container_id)
+    except APIError as exc:
+        raise ShimError(f"cannot start the container: {explain(exc)}", EXIT_DOCKER) from None
+    waiter = _Waiter(api, container_id, interrupts)
+    waiter.start()
+    try:
+        reap_stale(api)  # here, not earlier: the container is already running
+    except APIError as exc:
+        print(
+            f"hypha-accelerate run: stale containers not removed: {explain(exc)}", file=sys.stderr
+        )
+    interrupts.wait_for_end()
+    if not interrupts.ended:
+        try:
+            # SIGTERM (through the container's init), STOP_GRACE_SECONDS, then SIGKILL.
+            api.stop(container_id, timeout=STOP_GRACE_SECONDS)
+        except NotFound:
+            pass
+        except APIError as exc:
+            if exc.status_code != 409:
+                raise
+        waiter.join()
+    pump.join(DRAIN_SECONDS)
+    if waiter.result is None:
+        raise ShimError(f"lost the container while waiting for it: {waiter.error}", EXIT_DOCKER)
+    exit_code = int(waiter.result.get("StatusCode", 1))
+    oom_killed = False
+    if exit_code != 0:
+        state = api.inspect_container(container_id).get("State") or {}
+        oom_killed = bool(state.get("OOMKilled"))
+    cancelled_by = interrupts.signal_name if interrupts.signum is not None else None
+    return Outcome(exit_code, oom_killed, cancelled_by)

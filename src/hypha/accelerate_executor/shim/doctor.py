@@ -1,0 +1,212 @@
+"""`hypha-accelerate doctor`: can this host run the executor, and which variants?
+
+    hypha-accelerate doctor [--work-dir-base DIR]
+
+Checks the Docker engine, the image of every variant, the GPU runtimes, the worker's work
+dir base, and finally runs the cpu image's launcher the way the shim runs a job (hardened,
+as this user, the work dir bind-mounted). Prints one row per check and a verdict; exits 0
+when the cpu path works.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING
+
+from hypha.accelerate_executor import __version__
+from hypha.accelerate_executor.shim.errors import ArgumentParser, ShimError
+from hypha.accelerate_executor.shim.variants import CONTAINER_VARIANTS, build_command, image_tags
+
+if TYPE_CHECKING:
+    from docker import APIClient
+
+PROG = "hypha-accelerate doctor"
+# sun_path holds 108 bytes with its NUL; the worker's socket is BASE/hypha-<uuid>/bridge.sock.
+MAX_SOCKET_PATH = 107
+SOCKET_SUFFIX = len("/hypha-00000000-0000-0000-0000-000000000000/bridge.sock")
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # ok, missing, warn, FAIL, skipped
+    detail: str
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def _checked(name: str, run: Callable[[], Check]) -> Check:
+    """A check that raises is a failed check, not a traceback."""
+    from hypha.accelerate_executor.shim.engine import root_cause
+
+    try:
+        return run()
+    except ShimError as exc:
+        return Check(name, "FAIL", str(exc))
+    except Exception as exc:
+        return Check(name, "FAIL", " ".join(root_cause(exc).split()))
+
+
+def check_engine(api: APIClient) -> Check:
+    from hypha.accelerate_executor.shim.engine import engine_address
+
+    version = api.version()
+    return Check(
+        "docker engine",
+        "ok",
+        f"{version.get('Version')} (API {version.get('ApiVersion')}) at {engine_address()}",
+    )
+
+
+def check_image(api: APIClient, variant: str) -> Check:
+    from docker.errors import ImageNotFound
+
+    for tag in image_tags(variant):
+        try:
+            size = api.inspect_image(tag).get("Size", 0)
+        except ImageNotFound:
+            continue
+        return Check(f"image {variant}", "ok", f"{tag} ({size / 1e9:.1f} GB)")
+    return Check(f"image {variant}", "missing", f"build it with `{build_command(variant)}`")
+
+
+def check_nvidia(api: APIClient) -> Check:
+    from hypha.accelerate_executor.shim.accelerators import nvidia_runtime_present
+
+    if nvidia_runtime_present(api):
+        return Check("nvidia runtime", "ok", "cu126/cu129 containers can get GPUs")
+    return Check(
+        "nvidia runtime",
+        "missing",
+        "cu126/cu129 cannot run here (install nvidia-container-toolkit, "
+        "`nvidia-ctk runtime configure --runtime=docker`)",
+    )
+
+
+def check_rocm() -> Check:
+    from hypha.accelerate_executor.shim.accelerators import rocm_device_groups, rocm_present
+
+    if not rocm_present():
+        return Check("rocm devices", "missing", "no /dev/kfd or /dev/dri: rocm64 cannot run here")
+    groups = rocm_device_groups()
+    return Check("rocm devices", "ok", f"/dev/kfd, /dev/dri; groups {', '.join(groups) or '-'}")
+
+
+def check_work_dir_base(base: str) -> Check:
+    name = "work dir base"
+    try:
+        st = os.stat(base)
+    except OSError as exc:
+        return Check(name, "FAIL", f"{base}: {exc.strerror}")
+    if not stat.S_ISDIR(st.st_mode):
+        return Check(name, "FAIL", f"{base} is not a directory")
+    me = f"{os.geteuid()}:{os.getegid()}"
+    where = f"{base}: owner {st.st_uid}:{st.st_gid}, mode {stat.S_IMODE(st.st_mode):o}"
+    if not os.access(base, os.W_OK | os.X_OK):
+        return Check(name, "FAIL", f"{where}; {me} cannot create work dirs in it")
+    socket_length = len(os.fsencode(os.path.abspath(base))) + SOCKET_SUFFIX
+    if socket_length > MAX_SOCKET_PATH:
+        return Check(
+            name, "FAIL", f"{where}; its bridge sockets would be {socket_length} bytes, over 107"
+        )
+    if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+        return Check(name, "warn", f"{where}; world-writable without the sticky bit")
+    return Check(name, "ok", f"{where}; {me} can create work dirs")
+
+
+def check_cpu_run(api: APIClient, image: str, base: str) -> Check:
+    """The launcher's --version in a container made the way the shim makes a job's."""
+    from hypha.accelerate_executor.shim.engine import remove_container
+    from hypha.accelerate_executor.shim.hostpath import host_work_dir
+    from hypha.accelerate_executor.shim.spec import ContainerSpec, default_shm_size
+
+    user = f"{os.geteuid()}:{os.getegid()}"
+    with tempfile.TemporaryDirectory(prefix="hypha-doctor-", dir=base) as work_dir:
+        spec = ContainerSpec(
+            image=image,
+            command=["--version"],
+            user=user,
+            work_dir=work_dir,
+            work_dir_source=host_work_dir(api, work_dir),
+            shm_size=default_shm_size("cpu"),
+        )
+        start = time.monotonic()
+        container = api.create_container(**spec.create_kwargs(api))["Id"]
+        try:
+            api.start(container)
+            code = api.wait(container, timeout=120)["StatusCode"]
+            output = api.logs(container).decode("utf-8", "replace").strip()
+        finally:
+            remove_container(api, container)
+    took = time.monotonic() - start
+    if code != 0 or __version__ not in output:
+        last = (output.splitlines() or ["no output"])[-1]
+        return Check("cpu run", "FAIL", f"exit {code}: {last}")
+    return Check(
+        "cpu run", "ok", f"{output} in {took:.1f} s as {user}, read-only, no network, no caps"
+    )
+
+
+def run_checks(base: str) -> list[Check]:
+    from hypha.accelerate_executor.shim.engine import connect
+
+    work_dir_base = _checked("work dir base", lambda: check_work_dir_base(base))
+    try:
+        api = connect()
+    except ShimError as exc:
+        skipped = Check("cpu run", "skipped", "needs the Docker engine")
+        return [Check("docker engine", "FAIL", str(exc)), work_dir_base, skipped]
+    images = [_checked(f"image {v}", partial(check_image, api, v)) for v in CONTAINER_VARIANTS]
+    checks = [
+        _checked("docker engine", lambda: check_engine(api)),
+        *images,
+        _checked("nvidia runtime", lambda: check_nvidia(api)),
+        _checked("rocm devices", check_rocm),
+        work_dir_base,
+    ]
+    cpu_image = images[CONTAINER_VARIANTS.index("cpu")]
+    if cpu_image.ok and work_dir_base.status in ("ok", "warn"):
+        tag = cpu_image.detail.split(" ")[0]
+        checks.append(_checked("cpu run", lambda: check_cpu_run(api, tag, base)))
+    else:
+        checks.append(Check("cpu run", "skipped", "needs the cpu image and a usable work dir base"))
+    return checks
+
+
+def table(checks: list[Check]) -> str:
+    width = max(len(c.name) for c in checks)
+    return "\n".join(f"  {c.name:<{width}}  {c.status:<7}  {c.detail}" for c in checks)
+
+
+def main(argv: list[str]) -> int:
+    p = ArgumentParser(prog=PROG, description="Check that this host can run the executor.")
+    p.add_argument(
+        "--work-dir-base",
+        default=tempfile.gettempdir(),
+        metavar="DIR",
+        help="where the worker makes job work dirs (default: the temp dir)",
+    )
+    try:
+        args = p.parse_args(argv)
+    except ShimError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return exc.exit_code
+    checks = run_checks(args.work_dir_base)
+    print(f"{PROG} {__version__}\n{table(checks)}")
+    if checks[-1].ok:
+        present = [
+            c.name.removeprefix("image ") for c in checks if c.name.startswith("image ") and c.ok
+        ]
+        print(f"verdict: the cpu path works; images here: {', '.join(present)}")
+        return 0
+    print("verdict: the cpu path does not work here (see above)")
+    return 1

@@ -1,0 +1,85 @@
+"""Talking to the Docker engine: connecting, finding images, removing containers.
+
+Everything goes through docker-py's low-level `APIClient`: the high-level objects inspect
+each container they touch, which costs a round trip per call on the start-up path.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from hypha.accelerate_executor.shim.errors import EXIT_DOCKER, ShimError
+from hypha.accelerate_executor.shim.variants import build_command, image_tags
+
+if TYPE_CHECKING:
+    from docker import APIClient
+    from docker.errors import APIError
+
+
+def engine_address() -> str:
+    return os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+
+
+def connect() -> APIClient:
+    """An API client at the engine's own API version (engines here speak 1.41, docker-py
+    defaults to a newer one). Calls time out after 60 s; `wait` passes no timeout."""
+    import docker
+    from docker.errors import DockerException
+
+    try:
+        return docker.APIClient(version="auto", **docker.utils.kwargs_from_env())
+    except DockerException as exc:
+        raise ShimError(
+            f"cannot reach the Docker engine at {engine_address()}: {root_cause(exc)} "
+            "(is dockerd running, and may this user use its socket?)",
+            EXIT_DOCKER,
+        ) from None
+
+
+def root_cause(exc: BaseException) -> str:
+    """The innermost error's message: docker-py wraps an ENOENT three levels deep."""
+    while exc.__cause__ is not None or exc.__context__ is not None:
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__
+
+
+def explain(exc: APIError) -> str:
+    """The engine's own message for a refused call, without docker-py's URL dump."""
+    return str(exc.explanation or exc)
+
+
+def find_image(api: APIClient, variant: str, override: str | None) -> str:
+    """The image to run: `override` if given, else the variant's versioned tag, else its
+    moving tag. Names the build command when neither exists."""
+    from docker.errors import ImageNotFound
+
+    candidates = [override] if override else list(image_tags(variant))
+    for name in candidates:
+        try:
+            api.inspect_image(name)
+        except ImageNotFound:
+            continue
+        return name
+    if override:
+        raise ShimError(f"image {override} not found on the Docker engine", EXIT_DOCKER)
+    versioned, moving = image_tags(variant)
+    raise ShimError(
+        f"image {versioned} not found (nor {moving}); build it with `{build_command(variant)}`",
+        EXIT_DOCKER,
+    )
+
+
+def remove_container(api: APIClient, container_id: str) -> None:
+    """Force-removes a container; one already gone (404) or being removed (409) counts as done."""
+    from docker.errors import APIError, NotFound
+
+    try:
+        api.remove_container(container_id, force=True)
+    except NotFound:
+        pass
+    except APIError as exc:
+        if exc.status_code != 409:
+            raise

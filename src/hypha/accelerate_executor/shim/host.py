@@ -1,0 +1,147 @@
+"""`--variant mps-host`: the bundle run as a host process, since Docker on macOS cannot
+reach Metal.
+
+The bundle (`hypha-accelerate build mps-host`) is a folder holding the project wheel,
+`requirements.txt` (the pinned closure for macOS arm64), `accelerate-configs/mps.yaml` and
+its launcher, `hypha-accelerate-mps`, which makes a virtual environment from the wheel and
+the requirements on first use, then runs the executor's launcher in it. The shim points
+that venv into its cache, keyed by a hash of what goes into it (HYPHA_MPS_VENV), so that
+every job of one bundle reuses it and a rebuilt bundle gets a fresh one; it runs the
+launcher in its own process group, re-prints its output line by line, and passes
+SIGTERM/SIGINT to the group, killing it 3 s later.
+
+Environment: HYPHA_ACCELERATE_BUNDLE (the bundle when --bundle is not given),
+HYPHA_ACCELERATE_CACHE (default ~/.cache/hypha-accelerate); PYTHON reaches the bundle's
+launcher (the interpreter it makes the venv with, default python3.11).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import IO
+
+from hypha.accelerate_executor.shim.errors import EXIT_DOCKER, EXIT_USAGE, ShimError
+from hypha.accelerate_executor.shim.interrupts import Interrupts
+from hypha.accelerate_executor.shim.output import DRAIN_SECONDS, LineWriter
+from hypha.accelerate_executor.shim.variants import HOST_VARIANT, build_command
+from hypha.accelerate_executor.shim.watchdog import guard_process_group
+
+LAUNCHER = "hypha-accelerate-mps"
+PROJECT_WHEEL = "hypha_accelerate_executor-*.whl"
+TERM_GRACE_SECONDS = 3.0
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("HYPHA_ACCELERATE_CACHE")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hypha-accelerate"
+
+
+class Bundle:
+    def __init__(self, folder: Path) -> None:
+        if not folder.is_dir():
+            raise ShimError(
+                f"no {HOST_VARIANT} bundle at {folder}; `{build_command(HOST_VARIANT)}` makes one",
+                EXIT_DOCKER,
+            )
+        self.folder = folder
+        self.launcher = folder / LAUNCHER
+        self.wheels = sorted(folder.glob(PROJECT_WHEEL))
+        missing = [
+            name
+            for name, present in (
+                (LAUNCHER, os.access(self.launcher, os.X_OK)),
+                ("requirements.txt", (folder / "requirements.txt").is_file()),
+                (PROJECT_WHEEL, bool(self.wheels)),
+                ("accelerate-configs/mps.yaml", (folder / "accelerate-configs/mps.yaml").is_file()),
+            )
+            if not present
+        ]
+        if missing:
+            raise ShimError(
+                f"{folder} is not an {HOST_VARIANT} bundle: no {', '.join(missing)} "
+                f"(`{build_command(HOST_VARIANT)}` makes one)",
+                EXIT_DOCKER,
+            )
+
+    def venv_dir(self) -> Path:
+        """Where this bundle's venv lives: changes whenever what goes into it changes."""
+        digest = hashlib.sha256()
+        for path in (self.folder / "requirements.txt", self.launcher, *self.wheels):
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+        return cache_dir() / "mps-venvs" / digest.hexdigest()[:16]
+
+
+def run_group(command: list[str], env: dict[str, str], interrupts: Interrupts) -> int:
+    """Runs `command` in its own process group to its end or to a signal, re-printing its
+    stdout line by line. On SIGTERM/SIGINT the signal goes to the whole group and SIGKILL
+    follows after TERM_GRACE_SECONDS."""
+    process = subprocess.Popen(
+        command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, start_new_session=True
+    )
+    watchdog = guard_process_group(process.pid)
+    assert process.stdout is not None
+    pump = threading.Thread(target=_pump, args=(process.stdout,), daemon=True)
+    pump.start()
+
+    def wait() -> None:
+        # Not reaped yet: while the leader is a zombie its pid, the group's id, stays
+        # taken, so signalling the group afterwards cannot hit a stranger.
+        os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOWAIT)
+        interrupts.job_ended()
+
+    waiter = threading.Thread(target=wait, daemon=True)
+    waiter.start()
+    interrupts.wait_for_end()
+    if not interrupts.ended:
+        _signal_group(process.pid, interrupts.signum or signal.SIGTERM)
+        waiter.join(TERM_GRACE_SECONDS)
+    # Whatever is left in the group (everything, after the grace) goes now.
+    _signal_group(process.pid, signal.SIGKILL)
+    code = process.wait()
+    watchdog.disarm()
+    pump.join(DRAIN_SECONDS)
+    return 128 - code if code < 0 else code
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signum)
+
+
+def _pump(stream: IO[bytes]) -> None:
+    out = LineWriter(sys.stdout.fileno())
+    while chunk := os.read(stream.fileno(), 65536):
+        out.feed(chunk)
+    out.close()
+
+
+def run_bundle(
+    folder: str | None, launcher_args: list[str], env: dict[str, str], interrupts: Interrupts
+) -> int:
+    folder = folder or os.environ.get("HYPHA_ACCELERATE_BUNDLE")
+    if not folder:
+        raise ShimError(
+            f"{HOST_VARIANT} needs --bundle DIR (or HYPHA_ACCELERATE_BUNDLE): the folder "
+            f"`{build_command(HOST_VARIANT)}` made",
+            EXIT_USAGE,
+        )
+    bundle = Bundle(Path(folder))
+    venv = bundle.venv_dir()
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    child_env = {k: v for k, v in os.environ.items() if k != "JOB_JSON"}  # it may hold a token
+    child_env.update(env, HYPHA_MPS_VENV=str(venv))
+    code = run_group([str(bundle.launcher), *launcher_args], child_env, interrupts)
+    if interrupts.signum is not None:
+        print(f"hypha-accelerate run: cancelled by {interrupts.signal_name}; executor exit {code}",
+              file=sys.stderr, flush=True)  # fmt: skip
+        return interrupts.exit_code
+    return code

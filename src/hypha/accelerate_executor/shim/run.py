@@ -1,0 +1,249 @@
+"""`hypha-accelerate run`: what the Hypha worker starts for one job.
+
+    hypha-accelerate run --variant cpu|cu126|cu129|rocm64|mps-host --socket S --work-dir W
+        --job J [--image IMG] [--bundle DIR] [--user UID:GID] [--network none|NAME]
+        [--gpus all|0,1] [--accelerate-config auto|NAME|PATH] [--num-processes N]
+        [--memory 8g] [--shm-size 8g | --ipc host] [--pids-limit N] [--trust-remote-code]
+
+Runs the variant's image with WORK_DIR (and so the bridge socket) bind-mounted at the same
+path, as the uid:gid owning WORK_DIR, with no network and no capabilities, and re-prints
+the executor's output line by line; `mps-host` runs the bundle as a host process instead.
+Exits with the executor's exit code; 143/130 when cancelled by SIGTERM/SIGINT; 2 for bad
+arguments or job; 125 when Docker cannot run the container.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import stat
+import sys
+from collections.abc import Callable
+
+from hypha.accelerate_executor.shim.errors import EXIT_USAGE, ArgumentParser, ShimError
+from hypha.accelerate_executor.shim.interrupts import Interrupts
+from hypha.accelerate_executor.shim.variants import (
+    GPU_VARIANTS,
+    HOST_VARIANT,
+    NVIDIA_VARIANTS,
+    VARIANTS,
+)
+
+PROG = "hypha-accelerate run"
+_SIZE = re.compile(r"\d+(\.\d+)?[bkmgBKMG]?")
+USER_PATTERN = re.compile(r"\d+:\d+")
+_GPUS = re.compile(r"all|[\w-]+(,[\w-]+)*")
+
+
+def pattern_arg(pattern: re.Pattern[str], what: str) -> Callable[[str], str]:
+    def check(value: str) -> str:
+        if not pattern.fullmatch(value):
+            raise argparse.ArgumentTypeError(f"{value!r} is not {what}")
+        return value
+
+    return check
+
+
+def _positive(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a positive integer")
+    return int(value)
+
+
+def parser() -> argparse.ArgumentParser:
+    size = pattern_arg(_SIZE, "a size like 8g")
+    p = ArgumentParser(prog=PROG, description="Run one Hypha job's executor container (or bundle).")
+    p.add_argument("--variant", required=True, choices=VARIANTS)
+    p.add_argument("--socket", required=True, help="the job bridge's socket, inside WORK_DIR")
+    p.add_argument("--work-dir", required=True, help="the job's work directory")
+    p.add_argument("--job", required=True, help="the job spec JSON, or @PATH of a file with it")
+    p.add_argument("--image", help="image to run instead of the variant's")
+    p.add_argument("--bundle", help="mps-host: the bundle folder (hypha-accelerate build mps-host)")
+    p.add_argument(
+        "--user",
+        type=pattern_arg(USER_PATTERN, "UID:GID"),
+        help="uid:gid to run as; default: the owner of WORK_DIR (the worker's user)",
+    )
+    p.add_argument("--network", default="none", help="container network; default none")
+    p.add_argument(
+        "--gpus",
+        type=pattern_arg(_GPUS, "all or a list of GPU ids"),
+        help="GPU variants: all (default) or device ids like 0,1",
+    )
+    p.add_argument("--accelerate-config", metavar="auto|NAME|PATH", help="passed to the launcher")
+    p.add_argument("--num-processes", type=_positive, metavar="N", help="passed to the launcher")
+    p.add_argument("--memory", type=size, help="memory limit, e.g. 8g (no swap on top)")
+    shm = p.add_mutually_exclusive_group()
+    shm.add_argument("--shm-size", type=size, help="/dev/shm size; default 1g cpu, 8g GPU")
+    shm.add_argument("--ipc", choices=["host"], help="share the host's IPC namespace instead")
+    p.add_argument("--pids-limit", type=_positive, metavar="N", help="default 4096")
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="let the executor run a model's own code (HYPHA_TRUST_REMOTE_CODE=1)",
+    )
+    return p
+
+
+def _check_combinations(args: argparse.Namespace) -> None:
+    if args.variant == HOST_VARIANT:
+        container_only = ("image", "user", "gpus", "memory", "shm_size", "ipc", "pids_limit")
+        given = [f"--{n.replace('_', '-')}" for n in container_only if getattr(args, n)]
+        if args.network != "none":
+            given.append("--network")
+        if given:
+            raise ShimError(
+                f"{', '.join(given)} apply to containers; {HOST_VARIANT} runs on the host",
+                EXIT_USAGE,
+            )
+    elif args.bundle:
+        raise ShimError(f"--bundle applies to {HOST_VARIANT} only", EXIT_USAGE)
+    if args.gpus and args.variant not in GPU_VARIANTS:
+        raise ShimError(f"--gpus applies to {', '.join(GPU_VARIANTS)}", EXIT_USAGE)
+
+
+def _check_paths(work_dir: str, socket: str) -> None:
+    if not os.path.isdir(work_dir):
+        raise ShimError(f"work dir {work_dir} does not exist or is not a directory", EXIT_USAGE)
+    try:
+        mode = os.stat(socket).st_mode
+    except FileNotFoundError:
+        raise ShimError(
+            f"socket {socket} does not exist (the worker serves the job bridge there)", EXIT_USAGE
+        ) from None
+    if not stat.S_ISSOCK(mode):
+        raise ShimError(f"socket {socket} is not a Unix socket", EXIT_USAGE)
+    if os.path.commonpath([work_dir, socket]) != work_dir:
+        raise ShimError(
+            f"socket {socket} is outside work dir {work_dir}; only the work dir is mounted",
+            EXIT_USAGE,
+        )
+
+
+def _owner(path: str, user: str | None) -> tuple[int, int]:
+    if user:
+        uid, gid = user.split(":")
+        return int(uid), int(gid)
+    st = os.stat(path)
+    return st.st_uid, st.st_gid
+
+
+def run(args: argparse.Namespace, interrupts: Interrupts) -> int:
+    from hypha.accelerate_executor.errors import JobSpecError
+    from hypha.accelerate_executor.job import parse_job
+    from hypha.accelerate_executor.shim.jobfile import read_job_text, write_job_file
+    from hypha.accelerate_executor.shim.spec import launcher_args
+
+    _check_combinations(args)
+    work_dir = os.path.abspath(args.work_dir)
+    socket = os.path.abspath(args.socket)
+    _check_paths(work_dir, socket)
+    text = read_job_text(args.job)
+    try:
+        job = parse_job(text)
+    except JobSpecError as exc:
+        raise ShimError(f"bad job: {exc}", EXIT_USAGE) from None
+    uid, gid = _owner(work_dir, args.user)
+    job_path = write_job_file(work_dir, text, uid, gid)
+    command = launcher_args(
+        socket, work_dir, "@" + job_path, args.accelerate_config, args.num_processes
+    )
+    env = {"HYPHA_TRUST_REMOTE_CODE": "1"} if args.trust_remote_code else {}
+    if args.variant == HOST_VARIANT:
+        from hypha.accelerate_executor.shim.host import run_bundle
+
+        return run_bundle(args.bundle, command, env, interrupts)
+    return _run_container(args, job.job_id, work_dir, (uid, gid), command, env, interrupts)
+
+
+def _run_container(
+    args: argparse.Namespace,
+    job_id: str,
+    work_dir: str,
+    owner: tuple[int, int],
+    command: list[str],
+    env: dict[str, str],
+    interrupts: Interrupts,
+) -> int:
+    from hypha.accelerate_executor.shim.accelerators import (
+        ROCM_DEVICES,
+        require_nvidia_runtime,
+        rocm_device_groups,
+    )
+    from hypha.accelerate_executor.shim.container import run_container
+    from hypha.accelerate_executor.shim.engine import connect, find_image
+    from hypha.accelerate_executor.shim.hostpath import host_work_dir
+    from hypha.accelerate_executor.shim.reaper import shim_labels
+    from hypha.accelerate_executor.shim.spec import (
+        DEFAULT_PIDS_LIMIT,
+        LABEL_JOB_ID,
+        LABEL_VARIANT,
+        LABEL_WORK_DIR,
+        ContainerSpec,
+        default_shm_size,
+    )
+
+    api = connect()
+    image = find_image(api, args.variant, args.image)
+    devices: tuple[str, ...] = ()
+    groups: tuple[str, ...] = ()
+    if args.variant in NVIDIA_VARIANTS:
+        require_nvidia_runtime(api, args.variant)
+    elif args.variant == "rocm64":
+        devices, groups = ROCM_DEVICES, tuple(rocm_device_groups())
+        if args.gpus and args.gpus != "all":
+            # /dev/dri holds every GPU's render node; ROCm narrows to the listed ones.
+            env["ROCR_VISIBLE_DEVICES"] = args.gpus
+    spec = ContainerSpec(
+        image=image,
+        command=command,
+        user=f"{owner[0]}:{owner[1]}",
+        work_dir=work_dir,
+        work_dir_source=host_work_dir(api, work_dir),
+        network=args.network,
+        env=env,
+        labels={
+            LABEL_JOB_ID: job_id,
+            LABEL_VARIANT: args.variant,
+            LABEL_WORK_DIR: work_dir,
+            **shim_labels(),
+        },
+        memory=args.memory,
+        ipc_host=args.ipc == "host",
+        shm_size=None if args.ipc else args.shm_size or default_shm_size(args.variant),
+        pids_limit=args.pids_limit or DEFAULT_PIDS_LIMIT,
+        nvidia_gpus=(args.gpus or "all") if args.variant in NVIDIA_VARIANTS else None,
+        devices=devices,
+        group_add=groups,
+    )
+    outcome = run_container(api, spec, interrupts)
+    if outcome.cancelled_by:
+        _say(f"cancelled by {outcome.cancelled_by}; container stopped (exit {outcome.exit_code})")
+        return interrupts.exit_code
+    if outcome.oom_killed:
+        limit = f" (memory limit {args.memory})" if args.memory else ""
+        _say(
+            f"the executor ran out of memory: the container was OOM-killed{limit}, "
+            f"exit {outcome.exit_code}"
+        )
+    return outcome.exit_code
+
+
+def _say(line: str) -> None:
+    print(f"{PROG}: {line}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str]) -> int:
+    try:
+        args = parser().parse_args(argv)
+        interrupts = Interrupts()
+        return run(args, interrupts)
+    except ShimError as exc:
+        _say(str(exc))
+        return exc.exit_code
+    except Exception as exc:  # a bug or an engine answer nobody foresaw: still one line
+        from hypha.accelerate_executor.shim.engine import root_cause
+
+        _say(f"unexpected {type(exc).__name__}: {' '.join(root_cause(exc).split())}")
+        return 1

@@ -1,0 +1,171 @@
+"""`hypha-accelerate worker-config`: ready-to-paste `[[executors]]` entries for a worker's TOML.
+
+    hypha-accelerate worker-config --variant V [--mode shim|docker|both] [--user UID:GID]
+                                   [--bundle DIR]
+
+The shim entry runs `hypha-accelerate run`; the docker entry has the worker run `docker run`
+itself, with the same container the shim would create (spec.ContainerSpec renders both).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from hypha.accelerate_executor.shim.errors import EXIT_USAGE, ArgumentParser, ShimError
+from hypha.accelerate_executor.shim.run import USER_PATTERN, pattern_arg
+from hypha.accelerate_executor.shim.spec import (
+    LABEL_VARIANT,
+    LABEL_WORK_DIR,
+    ContainerSpec,
+    default_shm_size,
+    launcher_args,
+)
+from hypha.accelerate_executor.shim.variants import (
+    HOST_VARIANT,
+    NVIDIA_VARIANTS,
+    VARIANTS,
+    image_tags,
+)
+
+PROG = "hypha-accelerate worker-config"
+TOKENS = ("{SOCKET_PATH}", "{WORK_DIR}", "{JOB_JSON}")
+ENTRY_HEAD = 'class = "train"\nname = "diloco-transformer"\nruntime = "process"\n'
+
+SHIM_NOTE = """\
+# The shim runs the job's container hardened and as the work dir's owner, removes it within
+# the worker's 5 s on SIGTERM (and, through its watchdog, after a SIGKILL), and keeps the job
+# JSON, which may hold a Hugging Face token, out of `docker inspect` and the process list."""
+
+DOCKER_NOTE = """\
+# The worker runs `docker run` itself. NOTE: the worker puts the job JSON on the command
+# line, so the container's arguments hold it and `docker inspect` shows it to anyone who may
+# use the Docker engine, Hugging Face tokens included; and a SIGKILLed `docker run` leaves its
+# container running until the executor notices its bridge is gone. Prefer the shim entry.
+# --user must stay the worker's uid:gid: the bridge socket is 0600."""
+
+
+def parser() -> argparse.ArgumentParser:
+    p = ArgumentParser(prog=PROG, description="Print worker TOML [[executors]] entries.")
+    p.add_argument("--variant", required=True, choices=VARIANTS)
+    p.add_argument("--mode", choices=["shim", "docker", "both"], default="both")
+    p.add_argument(
+        "--user",
+        type=pattern_arg(USER_PATTERN, "UID:GID"),
+        help="uid:gid of the worker (docker entry); default: yours",
+    )
+    p.add_argument("--bundle", help=f"{HOST_VARIANT}: the bundle folder the shim runs")
+    return p
+
+
+def _toml_array(args: list[str]) -> str:
+    """One option with its value per line, for a reader of the worker's config."""
+    lines: list[list[str]] = []
+    for arg in args:
+        if (
+            lines
+            and lines[-1][0].startswith("--")
+            and len(lines[-1]) == 1
+            and not arg.startswith("--")
+        ):
+            lines[-1].append(arg)
+        else:
+            lines.append([arg])
+    body = "".join("    " + ", ".join(json.dumps(a) for a in line) + ",\n" for line in lines)
+    return f"[\n{body}]"
+
+
+def _shim_command() -> str:
+    """The console script beside this interpreter: the worker's PATH may not have it."""
+    beside = Path(sys.executable).parent / "hypha-accelerate"
+    return (
+        str(beside) if beside.is_file() else shutil.which("hypha-accelerate") or "hypha-accelerate"
+    )
+
+
+def shim_entry(variant: str, bundle: str | None) -> str:
+    args = ["run", "--variant", variant]
+    if bundle:
+        args += ["--bundle", bundle]
+    args += launcher_args(*TOKENS)
+    return f"{SHIM_NOTE}\n[[executors]]\n{ENTRY_HEAD}cmd = {json.dumps(_shim_command())}\nargs = {_toml_array(args)}\n"
+
+
+def _rocm_groups() -> tuple[list[str], str]:
+    from hypha.accelerate_executor.shim.accelerators import rocm_device_groups, rocm_present
+
+    if rocm_present():
+        return rocm_device_groups(), ""
+    return ["video", "render"], (
+        "# No /dev/kfd here: the groups are named; on the GPU host use the numeric gids that\n"
+        "# own /dev/kfd and /dev/dri/renderD* (`stat -c %g /dev/kfd`).\n"
+    )
+
+
+def docker_entry(variant: str, user: str) -> str:
+    devices: tuple[str, ...] = ()
+    groups: list[str] = []
+    note = ""
+    if variant == "rocm64":
+        from hypha.accelerate_executor.shim.accelerators import ROCM_DEVICES
+
+        devices = ROCM_DEVICES
+        groups, note = _rocm_groups()
+    spec = ContainerSpec(
+        image=image_tags(variant)[0],
+        command=launcher_args(*TOKENS),
+        user=user,
+        work_dir="{WORK_DIR}",
+        work_dir_source="{WORK_DIR}",
+        shm_size=default_shm_size(variant),
+        labels={LABEL_VARIANT: variant, LABEL_WORK_DIR: "{WORK_DIR}"},
+        nvidia_gpus="all" if variant in NVIDIA_VARIANTS else None,
+        devices=devices,
+        group_add=tuple(groups),
+    )
+    return (
+        f'{DOCKER_NOTE}\n{note}[[executors]]\n{ENTRY_HEAD}cmd = "docker"\n'
+        f"args = {_toml_array(spec.docker_run_args())}\n"
+    )
+
+
+def render(variant: str, mode: str, user: str, bundle: str | None) -> str:
+    if variant == HOST_VARIANT:
+        if mode == "docker":
+            raise ShimError(f"{HOST_VARIANT} is not a container: use --mode shim", EXIT_USAGE)
+        if not bundle:
+            raise ShimError(
+                f"{HOST_VARIANT} needs --bundle DIR, the folder `hypha-accelerate build "
+                f"{HOST_VARIANT}` made",
+                EXIT_USAGE,
+            )
+        bundle = os.path.abspath(bundle)
+        mode = "shim"
+    elif bundle:
+        raise ShimError(f"--bundle applies to {HOST_VARIANT} only", EXIT_USAGE)
+    parts = [
+        f"# Hypha worker executor entries: hypha-accelerate executor, variant {variant}.\n"
+        "# The worker replaces {SOCKET_PATH}, {WORK_DIR} and {JOB_JSON} in every argument."
+    ]
+    if mode == "both":
+        parts.append("# Paste ONE of the two entries below (both serve the same executor name).")
+    if mode in ("shim", "both"):
+        parts.append(shim_entry(variant, bundle))
+    if mode in ("docker", "both"):
+        parts.append(docker_entry(variant, user))
+    return "\n".join(parts)
+
+
+def main(argv: list[str]) -> int:
+    try:
+        args = parser().parse_args(argv)
+        user = args.user or f"{os.getuid()}:{os.getgid()}"
+        print(render(args.variant, args.mode, user, args.bundle), end="")
+    except ShimError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return exc.exit_code
+    return 0

@@ -1,0 +1,69 @@
+"""Fixtures for the shim's tests: the real Docker engine, a stand-in executor image, a
+job's work dir as the worker makes it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from shim_harness import (
+    WORKER_GID,
+    WORKER_UID,
+    MissingBaseImage,
+    WorkerJob,
+    ensure_test_image,
+)
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(scope="session")
+def docker_api() -> Any:
+    import docker
+
+    try:
+        api = docker.APIClient(version="auto")
+        api.ping()
+    except Exception as exc:
+        pytest.skip(f"no Docker engine: {exc}")
+    return api
+
+
+@pytest.fixture(scope="session")
+def fake_image(docker_api: Any) -> str:
+    try:
+        return ensure_test_image(docker_api)
+    except MissingBaseImage as exc:
+        pytest.skip(f"base image missing: {exc}")
+
+
+@pytest.fixture(scope="session")
+def work_base() -> Iterator[Path]:
+    """Like the worker's work_dir_base: every uid may traverse it."""
+    base = Path(f"/tmp/hypha-shim-tests-{os.getpid()}")
+    base.mkdir()
+    base.chmod(0o755)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def worker_job(work_base: Path) -> Iterator[WorkerJob]:
+    work_dir = work_base / f"hypha-{uuid.uuid4()}"
+    work_dir.mkdir(mode=0o700)
+    os.chown(work_dir, WORKER_UID, WORKER_GID)
+    job = WorkerJob(work_dir, str(uuid.uuid4()), WORKER_UID, WORKER_GID)
+    job.serve_bridge()
+    job.plan()
+    yield job
+    for process in job.processes:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    job.bridge_away()
+    shutil.rmtree(work_dir, ignore_errors=True)

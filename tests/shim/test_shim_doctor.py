@@ -1,0 +1,90 @@
+"""`hypha-accelerate doctor`: a verdict table, exit 0 exactly when the cpu path works."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from shim_harness import WORKER_GID, WORKER_UID, shim_command
+
+from hypha.accelerate_executor.shim.variants import image_tags
+
+
+def doctor(
+    *args: str, env: dict[str, str] | None = None, **popen: Any
+) -> tuple[int, dict[str, tuple[str, str]]]:
+    result = subprocess.run(
+        shim_command("doctor", *args),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+        check=False,
+        **popen,
+    )
+    assert result.stderr == ""
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("hypha-accelerate doctor ")
+    assert lines[-1].startswith("verdict: ")
+    rows = {}
+    for line in lines[1:-1]:
+        name, status, detail = _row(line)
+        rows[name] = (status, detail)
+    return result.returncode, rows
+
+
+def _row(line: str) -> tuple[str, str, str]:
+    name, rest = line.strip().split("  ", 1)
+    status, _, detail = rest.strip().partition("  ")
+    return name, status.strip(), detail.strip()
+
+
+@pytest.mark.docker
+def test_verdict_follows_the_cpu_image(docker_api: Any, work_base: Path) -> None:
+    base = work_base / "doctor"  # short: the bridge socket path must fit
+    base.mkdir()
+    code, rows = doctor("--work-dir-base", str(base))
+    assert rows["docker engine"][0] == "ok"
+    assert rows["work dir base"][0] == "ok"
+    assert set(rows) >= {f"image {v}" for v in ("cpu", "cu126", "cu129", "rocm64")}
+    has_cpu = any(docker_api.images(name=tag) for tag in image_tags("cpu"))
+    assert rows["image cpu"][0] == ("ok" if has_cpu else "missing")
+    assert rows["cpu run"][0] == ("ok" if has_cpu else "skipped")
+    assert code == (0 if has_cpu else 1)
+    assert list(base.iterdir()) == []  # the smoke run's work dir is gone
+
+
+def test_docker_unreachable_and_bad_base() -> None:
+    code, rows = doctor(
+        "--work-dir-base", "/nonexistent/base", env={"DOCKER_HOST": "unix:///nonexistent.sock"}
+    )
+    assert code == 1
+    assert rows["docker engine"][0] == "FAIL" and "cannot reach" in rows["docker engine"][1]
+    assert rows["work dir base"] == ("FAIL", "/nonexistent/base: No such file or directory")
+    assert rows["cpu run"][0] == "skipped"
+
+
+def test_base_too_long_for_the_bridge_socket(tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * 60)
+    deep.mkdir()
+    _, rows = doctor("--work-dir-base", str(deep), env={"DOCKER_HOST": "unix:///nonexistent.sock"})
+    assert rows["work dir base"][0] == "FAIL" and "over 107" in rows["work dir base"][1]
+
+
+def test_base_the_worker_cannot_write(work_base: Path) -> None:
+    if os.getuid() != 0:
+        pytest.skip("needs root to run as another user")
+    base = work_base / "roots"
+    base.mkdir(mode=0o755)
+    _, rows = doctor(
+        "--work-dir-base",
+        str(base),
+        env={"DOCKER_HOST": "unix:///nonexistent.sock"},
+        user=WORKER_UID,
+        group=WORKER_GID,
+    )
+    assert rows["work dir base"][0] == "FAIL"
+    assert f"{WORKER_UID}:{WORKER_GID} cannot create work dirs" in rows["work dir base"][1]

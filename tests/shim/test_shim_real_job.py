@@ -1,0 +1,128 @@
+"""Real jobs: the cpu image and the executor against the local stand-in of the Hypha side,
+started through the shim (the `shim` preset) and through worker-config's docker entry."""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from shim_harness import WORKER_GID, WORKER_UID, shim_command
+
+from hypha.accelerate_executor.shim.variants import image_tags
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+
+@pytest.fixture(scope="session")
+def cpu_image(docker_api: Any) -> str:
+    for tag in image_tags("cpu"):
+        if docker_api.images(name=tag):
+            return tag
+    pytest.skip("no cpu executor image: `hypha-accelerate build cpu --offline` makes it")
+
+
+@pytest.fixture
+def job_base(work_base: Path) -> Iterator[Path]:
+    base = Path(tempfile.mkdtemp(dir=work_base))
+    base.chmod(0o755)
+    yield base
+    left = list(base.iterdir())
+    assert left == [], f"work dirs left behind: {left}"
+    base.rmdir()
+
+
+def containers_under(api: Any, base: Path) -> list[str]:
+    """Containers, running or not, of jobs whose work dir was under `base`."""
+    return [
+        c["Id"]
+        for c in api.containers(all=True, filters={"label": "hypha.accelerate.work-dir"})
+        if c["Labels"]["hypha.accelerate.work-dir"].startswith(f"{base}/")
+    ]
+
+
+def run_job(
+    entry: Any, base: Path, rounds: int, steps: int, cancel_after: int = 0
+) -> dict[str, Any]:
+    from hypha.accelerate_executor.local.assets import ensure_assets
+    from hypha.accelerate_executor.local.coordinator import Catalog, Coordinator, RunOptions
+    from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
+    from hypha.accelerate_executor.local.worker import LocalWorker, serve_one_job
+
+    coordinator = Coordinator(
+        Catalog.from_assets(ensure_assets()),
+        RunOptions(workers=1, rounds=rounds, steps_per_round=steps),
+    )
+    coordinator.start()
+    try:
+        worker = LocalWorker("w1", entry, base, owner=(WORKER_UID, WORKER_GID))
+        if cancel_after:
+
+            def cancel() -> None:
+                while (
+                    coordinator.summary()["workers"]
+                    .get("w1", {})
+                    .get("rounds", [{}])[0]
+                    .get("batches", 0)
+                    < cancel_after
+                ):
+                    time.sleep(0.2)
+                worker.cancel()
+
+            threading.Thread(target=cancel, daemon=True).start()
+        serve_one_job(CoordinatorClient(coordinator.url), worker)
+        return dict(coordinator.summary()["workers"]["w1"])
+    finally:
+        coordinator.stop()
+
+
+def test_job_through_the_shim(cpu_image: str, job_base: Path, docker_api: Any) -> None:
+    from hypha.accelerate_executor.local.worker import preset
+
+    record = run_job(preset("shim"), job_base, rounds=2, steps=4)
+    assert record["exit_code"] == 0
+    assert record["rounds_completed"] == 2
+    assert sorted(record["metrics"]) == [1, 2]
+    assert record["leaks"] == []  # deleted as the worker's uid
+    assert containers_under(docker_api, job_base) == []
+
+
+def test_cancelled_job_through_the_shim(cpu_image: str, job_base: Path, docker_api: Any) -> None:
+    from hypha.accelerate_executor.local.worker import preset
+
+    record = run_job(preset("shim"), job_base, rounds=1, steps=100_000, cancel_after=2)
+    assert record["exit_code"] == 143
+    assert record["leaks"] == []
+    assert containers_under(docker_api, job_base) == []
+
+
+def test_job_through_worker_configs_docker_entry(
+    cpu_image: str, job_base: Path, tmp_path: Path
+) -> None:
+    from hypha.accelerate_executor.local.worker import executor_entry
+
+    config = tmp_path / "worker.toml"
+    result = subprocess.run(
+        shim_command(
+            "worker-config",
+            "--variant",
+            "cpu",
+            "--mode",
+            "docker",
+            "--user",
+            f"{WORKER_UID}:{WORKER_GID}",
+        ),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    config.write_text(result.stdout.replace(image_tags("cpu")[0], cpu_image))
+    record = run_job(executor_entry(f"toml:{config}"), job_base, rounds=2, steps=4)
+    assert record["exit_code"] == 0
+    assert record["rounds_completed"] == 2
+    assert record["leaks"] == []
