@@ -14,7 +14,10 @@ python=${PYTHON:-python3.11}
 if [ ! -x "$venv/bin/python" ]; then
     # Two jobs may start at once: one makes the venv under a lock, the other waits for it.
     if mkdir "$venv.lock" 2>/dev/null; then
+        # A cancel during the install must not leave the lock behind for the next job.
         trap 'rmdir "$venv.lock"' EXIT
+        trap 'exit 143' TERM
+        trap 'exit 130' INT
         echo "hypha-accelerate-mps: installing the executor into $venv (first use)" >&2
         rm -rf "$venv.tmp"
         "$python" -m venv "$venv.tmp" >&2
@@ -24,7 +27,7 @@ if [ ! -x "$venv/bin/python" ]; then
             "$here"/hypha_accelerate_executor-*.whl >&2
         mv "$venv.tmp" "$venv"
         rmdir "$venv.lock"
-        trap - EXIT
+        trap - EXIT TERM INT
     else
         waited=0
         while [ ! -x "$venv/bin/python" ]; do
