@@ -14,13 +14,15 @@ python=${PYTHON:-$(command -v /usr/bin/python3 || command -v python3)}
 if [ ! -x .venv/bin/python ]; then
     "$python" -m venv .venv
 fi
+# pip's complaints about index folders this machine's pip.conf names but lacks are noise.
+pip_install() { .venv/bin/pip install -q "$@" 2> >(grep -v '^WARNING: Location' >&2); }
 # Install the pinned CPU torch first: an unpinned `torch` would pull the CUDA build.
 if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
     torch_index=()
     [ "${HYPHA_OFFLINE:-0}" = 1 ] || torch_index=(--index-url "${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}")
-    .venv/bin/pip install -q "${torch_index[@]}" torch==2.13.0
+    pip_install "${torch_index[@]}" torch==2.13.0
 fi
-.venv/bin/pip install -q -e '.[dev]' torch==2.13.0
+pip_install -e '.[dev]' torch==2.13.0
 export PATH="$PWD/.venv/bin:$PATH"
 
 echo "== lint and types"

@@ -1,0 +1,1 @@
+"""Performance benchmarks of the executor; `python bench/run.py --help`."""

@@ -1,0 +1,182 @@
+"""Benchmark 1: the executor's training throughput against a bare PyTorch loop.
+
+The executor runs a real job as a process under a local worker, against the local
+cluster's coordinator (one worker); its samples/s come from the `metrics` messages it
+sends each round, which the coordinator records. The bare loop trains the same model
+from the same files with the same AdamW settings and LR schedule on the same batch
+size, its data already in memory, with no bridge and no accelerate. Both drop their
+first round (warm-up) and take the median of the other rounds' samples/s, so one round
+slowed by another process does not decide the figure. The bare loop runs once before
+and once after the executor, and its baseline is the mean of the two, so drift on a
+shared machine shows up in their spread instead of in the ratio.
+
+The local bridge and coordinator run in this process, on the same cores as the
+executor: the CPU this process spends while the executor trains (its timed rounds) is
+recorded per step, being a part of the gap that a Hypha worker's own bridge would not
+cost the same.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import statistics
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+from bench.errors import BenchError
+from bench.models import Shape, parameter_count
+from bench.timing import CpuSampler
+from hypha.accelerate_executor.job import Job, parse_job
+from hypha.accelerate_executor.local.assets import Assets, ensure_assets
+from hypha.accelerate_executor.local.coordinator import Catalog, Coordinator, RunOptions
+from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
+from hypha.accelerate_executor.local.demo import supervise
+from hypha.accelerate_executor.local.worker import LocalWorker, preset, serve_one_job
+from hypha.accelerate_executor.modeling import load_model
+from hypha.accelerate_executor.training import adamw_arguments, build_lr_schedule
+
+
+@dataclass
+class InnerLoopResult:
+    model: str
+    parameters: int
+    batch_size: int
+    steps_per_round: int
+    executor_rounds: list[float]  # samples/s of each timed round
+    bare_rounds: list[list[float]]  # the same, before and after the executor
+    stand_in_cpu_ms_per_step: float
+
+    @property
+    def executor_samples_per_s(self) -> float:
+        return statistics.median(self.executor_rounds)
+
+    @property
+    def bare_samples_per_s(self) -> list[float]:
+        return [statistics.median(rounds) for rounds in self.bare_rounds]
+
+    @property
+    def baseline_samples_per_s(self) -> float:
+        return sum(self.bare_samples_per_s) / len(self.bare_samples_per_s)
+
+    @property
+    def ratio(self) -> float:
+        return self.executor_samples_per_s / self.baseline_samples_per_s
+
+    @property
+    def bare_steps_per_s(self) -> float:
+        return self.baseline_samples_per_s / self.batch_size
+
+
+def bare_loop(
+    job: Job, assets: Assets, steps_per_round: int, rounds: int
+) -> tuple[list[float], int]:
+    """Samples/s of a plain training loop in each of rounds 2..`rounds`; the model's size."""
+    model = load_model(job.config.model.task, assets.model_dir)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), **adamw_arguments(job))
+    schedule = build_lr_schedule(optimizer, job.config.scheduler)
+    slices = [load_file(path) for path in sorted(assets.dataset_dir.glob("*.safetensors"))]
+    tokens = {name: torch.cat([part[name] for part in slices]) for name in ("input_ids", "labels")}
+    batch_size = job.config.batch_size
+    batches = tokens["input_ids"].shape[0] // batch_size
+    if batches == 0:
+        raise BenchError(f"the data set holds fewer samples than one batch of {batch_size}")
+    step = 0
+    rates = []
+    for round_number in range(1, rounds + 1):
+        started = time.perf_counter()
+        for _ in range(steps_per_round):
+            start = (step % batches) * batch_size
+            loss = model(**{name: t[start : start + batch_size] for name, t in tokens.items()}).loss
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+        loss.item()  # the round's work is done, as the executor's loss readout waits for it
+        if round_number > 1:
+            rates.append(steps_per_round * batch_size / (time.perf_counter() - started))
+    return rates, parameter_count(model)
+
+
+def executor_run(
+    coordinator: Coordinator, work_base: Path, timeout_s: float
+) -> tuple[dict[str, Any], float]:
+    """Runs the coordinator's one job through a local worker: the worker's summary entry,
+    and this process's CPU time per step of the executor's timed rounds, in seconds."""
+    client = CoordinatorClient(coordinator.url)
+    worker = LocalWorker("bench-worker", preset("process"), work_base)
+    failure: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            serve_one_job(client, worker)
+        except Exception as exc:
+            failure.append(exc)
+
+    thread = threading.Thread(target=serve, name="bench-worker", daemon=True)
+    with CpuSampler() as sampler:
+        thread.start()
+        supervise(coordinator, lambda: not thread.is_alive(), timeout_s)
+    if failure:
+        raise BenchError(f"the local worker failed: {failure[0]}")
+    record: dict[str, Any] = coordinator.summary()["workers"]["bench-worker"]
+    if record["exit_code"] != 0:
+        raise BenchError(f"the executor exited with {record['exit_code']} (its stderr is above)")
+    # The coordinator's round 0 is the executor's round 1, the warm-up.
+    windows = [(r["first_status_at"], r["update_at"]) for r in record["rounds"][1:]]
+    if not windows or any(start is None or end is None for start, end in windows):
+        raise BenchError("the coordinator recorded no complete round after the first")
+    cpu = sum(sampler.cpu_between(start, end) for start, end in windows)
+    steps = sum(m["batches"] for key, m in record["metrics"].items() if int(key) > 1)
+    return record, cpu / max(steps, 1)
+
+
+def executor_rounds(record: dict[str, Any]) -> list[float]:
+    """Samples/s of rounds 2.. as the executor reported them in its metrics."""
+    rounds = sorted((int(key), metrics) for key, metrics in record["metrics"].items())
+    rates = [metrics["samples_per_second"] for key, metrics in rounds if key > 1]
+    if not rates:
+        raise BenchError("the executor reported no metrics after its first round")
+    return rates
+
+
+def measure(
+    shape: Shape, steps_per_round: int, rounds: int, work_base: Path, timeout_s: float
+) -> InnerLoopResult:
+    assets = ensure_assets(spec=shape.asset_spec())
+    options = RunOptions(workers=1, rounds=rounds, steps_per_round=steps_per_round)
+    with Coordinator(Catalog.from_assets(assets), options, name="bench-coordinator") as coordinator:
+        job = parse_job(json.dumps(coordinator.job_spec(str(uuid.uuid4()))))
+        before, parameters = bare_loop(job, assets, steps_per_round, rounds)
+        record, stand_in_cpu_s = executor_run(coordinator, work_base, timeout_s)
+        after, _ = bare_loop(job, assets, steps_per_round, rounds)
+    return InnerLoopResult(
+        model=shape.name,
+        parameters=parameters,
+        batch_size=job.config.batch_size,
+        steps_per_round=steps_per_round,
+        executor_rounds=executor_rounds(record),
+        bare_rounds=[before, after],
+        stand_in_cpu_ms_per_step=1e3 * stand_in_cpu_s,
+    )
+
+
+def run(
+    work_base: Path, cases: list[tuple[Shape, int]], rounds: int, timeout_s: float
+) -> list[InnerLoopResult]:
+    """`cases`: (model shape, steps per round). At least 2 rounds: the first is warm-up."""
+    if rounds < 2:
+        raise BenchError("the inner-loop benchmark needs at least 2 rounds (the first is warm-up)")
+    # The executor's and the coordinator's lines would break up the results table.
+    with contextlib.redirect_stdout(sys.stderr):
+        return [measure(shape, steps, rounds, work_base, timeout_s) for shape, steps in cases]

@@ -1,0 +1,329 @@
+"""Runs the executor's performance benchmarks; prints a table, writes JSON and a plot.
+
+    python bench/run.py [--quick] [--out DIR] [--only inner,data,sync,pseudo]
+
+Every claim is a ratio against a baseline measured in the same run:
+  inner   executor samples/s (real job, local cluster, 1 worker) vs a bare PyTorch loop
+  data    load_slice + batches_of vs per-sample indexing + torch.stack, and vs training speed
+  sync    one DiLoCo sync round (waiting excluded) vs one safetensors save_file, 1M-100M
+  pseudo  the local demo with fp32 and with bf16 pseudo-gradients: bytes per round, loss
+Progress goes to stderr, the table to stdout. Full size takes about four minutes on 2
+cores: run it on a quiet machine. The notes under the table say when it was not (the
+load average, and the share of the CPU other processes took during each benchmark).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+if __name__ == "__main__" and not __package__:
+    # `python bench/run.py` puts bench/ first on sys.path; the `bench` package needs its parent.
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+from bench import data_path, inner_loop, pseudo_gradient, report, sync_round
+from bench.data_path import SliceShape
+from bench.errors import BenchError
+from bench.models import DEMO, HUGE_100M, LARGE_32M, MEDIUM_10M, MICRO, SMALL_1M, Shape
+from bench.timing import machine_cpu_seconds, own_cpu_seconds
+from hypha.accelerate_executor.local.coordinator import RunOptions
+
+BENCHMARKS = ("inner", "data", "sync", "pseudo")
+# A load average above this at the start makes the run's ratios suspect.
+QUIET_LOAD = 1.0
+# Other processes' share of the machine's CPU during a benchmark above which it is flagged.
+QUIET_SHARE = 0.05
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Size:
+    inner_cases: tuple[tuple[Shape, int], ...]  # (model, steps per round)
+    inner_rounds: int
+    slices: tuple[SliceShape, ...]
+    data_repeats: int
+    sync_shapes: tuple[Shape, ...]
+    sync_rounds: int
+    sync_dtypes: tuple[str, ...]
+    demo: RunOptions = field(default_factory=RunOptions)
+    batch_size: int = 8
+
+
+DEMO_SLICE = SliceShape(64, 64)  # the local cluster's slices
+SIZES = {
+    "full": Size(
+        inner_cases=((DEMO, 60), (LARGE_32M, 6)),
+        inner_rounds=4,
+        slices=(DEMO_SLICE, SliceShape(4096, 512)),
+        data_repeats=15,
+        sync_shapes=(SMALL_1M, MEDIUM_10M, HUGE_100M),
+        sync_rounds=5,
+        sync_dtypes=("float32", "bfloat16"),
+    ),
+    "quick": Size(
+        inner_cases=((DEMO, 20), (MEDIUM_10M, 4)),
+        inner_rounds=3,
+        slices=(DEMO_SLICE, SliceShape(1024, 256)),
+        data_repeats=5,
+        sync_shapes=(SMALL_1M, MEDIUM_10M, HUGE_100M),
+        sync_rounds=3,
+        sync_dtypes=("float32", "bfloat16"),
+        demo=RunOptions(workers=2, rounds=3, steps_per_round=15),
+    ),
+    # For the test suite: proves every benchmark runs end to end, measures nothing useful.
+    "smoke": Size(
+        inner_cases=((DEMO, 3),),
+        inner_rounds=2,
+        slices=(DEMO_SLICE,),
+        data_repeats=2,
+        sync_shapes=(MICRO,),
+        sync_rounds=1,
+        sync_dtypes=("float32",),
+        demo=RunOptions(workers=2, rounds=2, steps_per_round=3),
+    ),
+}
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def parse_arguments(argv: list[str]) -> argparse.Namespace:
+    parser = OneLineArgumentParser(
+        prog="bench/run.py",
+        description="Performance benchmarks of the executor, each against a same-run baseline.",
+    )
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument(
+        "--quick",
+        action="store_const",
+        const="quick",
+        dest="size",
+        help="smaller models and fewer repeats (a few minutes)",
+    )
+    size.add_argument(
+        "--smoke",
+        action="store_const",
+        const="smoke",
+        dest="size",
+        help="tiny sizes that only prove the benchmarks run (the test suite's)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path(__file__).resolve().parent / "results",
+        help="folder for results.json, performance.png and the demo runs' "
+        "outputs (default bench/results/)",
+    )
+    parser.add_argument(
+        "--only",
+        type=_benchmark_list,
+        default=BENCHMARKS,
+        metavar="NAME[,NAME]",
+        help=f"run only these of {', '.join(BENCHMARKS)}",
+    )
+    parser.set_defaults(size="full")
+    return parser.parse_args(argv)  # fmt: skip
+
+
+def _benchmark_list(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in BENCHMARKS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown benchmark {', '.join(unknown) or 'list'}; choose from {', '.join(BENCHMARKS)}"
+        )
+    return names
+
+
+def progress(text: str) -> None:
+    print(f"bench: {text}", file=sys.stderr, flush=True)
+
+
+def timed(title: str, action: Callable[[], T], others: dict[str, float]) -> T:
+    """Runs one benchmark; records in `others` the share of the machine's CPU that other
+    processes took meanwhile (what this process and its children used is not counted)."""
+    progress(f"{title} ...")
+    started, machine, own = time.perf_counter(), machine_cpu_seconds(), own_cpu_seconds()
+    result = action()
+    wall = time.perf_counter() - started
+    machine_after = machine_cpu_seconds()
+    if machine is not None and machine_after is not None:
+        used_by_others = machine_after - machine - (own_cpu_seconds() - own)
+        others[title] = max(0.0, used_by_others / (wall * (os.cpu_count() or 1)))
+    progress(f"{title}: {wall:.1f} s")
+    return result
+
+
+def run(size_name: str, only: tuple[str, ...], out: Path, command: str) -> int:
+    size = SIZES[size_name]
+    out.mkdir(parents=True, exist_ok=True)
+    load_before = os.getloadavg()[0]
+    if load_before > QUIET_LOAD:
+        progress(f"the load average is {load_before:.2f}: other work competes, ratios may be off")
+    inner: list[inner_loop.InnerLoopResult] = []
+    data: list[data_path.DataPathResult] = []
+    sync: list[sync_round.SyncResult] = []
+    pseudo: list[pseudo_gradient.DtypeRun] = []
+    others: dict[str, float] = {}
+    scratch = Path(tempfile.mkdtemp(prefix="hypha-bench-"))  # short: socket paths live here
+    try:
+        if "data" in only:
+            data = timed(
+                "data path",
+                lambda: data_path.run(
+                    scratch, list(size.slices), size.batch_size, size.data_repeats
+                ),
+                others,
+            )
+        if "sync" in only:
+            sync = timed(
+                "sync round",
+                lambda: sync_round.run(
+                    scratch, list(size.sync_shapes), size.sync_rounds, size.sync_dtypes
+                ),
+                others,
+            )
+        if "inner" in only:
+            inner = timed(
+                "inner loop",
+                lambda: inner_loop.run(
+                    scratch / "inner", list(size.inner_cases), size.inner_rounds, 1800.0
+                ),
+                others,
+            )
+        if "pseudo" in only:
+            pseudo = timed(
+                "pseudo-gradient dtypes",
+                lambda: pseudo_gradient.run(out, scratch / "pseudo", size.demo),
+                others,
+            )
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    load_after = os.getloadavg()[0]
+
+    fastest_training = max((r.bare_steps_per_s for r in inner), default=None)
+    rows = [
+        *report.inner_loop_rows(inner),
+        *report.data_path_rows(data, fastest_training),
+        *report.sync_round_rows(sync),
+        *report.pseudo_gradient_rows(pseudo),
+    ]
+    print(report.table(rows))
+    notes = _notes(inner, sync, load_before, load_after, others)
+    for note in notes:
+        print(f"note: {note}")
+    report.write_json(
+        out / "results.json",
+        {
+            "command": command,
+            "size": size_name,
+            "finished": datetime.now(UTC).isoformat(timespec="seconds"),
+            "machine": _machine(load_before, load_after),
+            "rows": [row.as_json() for row in rows],
+            "notes": notes,
+            "cpu_share_of_other_processes": others,
+            "inner_loop": [
+                _with(r, "executor_samples_per_s", "bare_samples_per_s", "ratio") for r in inner
+            ],
+            "data_path": [
+                _with(r, "executor_batches_per_s", "naive_batches_per_s", "speedup") for r in data
+            ],
+            "sync_round": [_with(r, "ratio") for r in sync],
+            "pseudo_gradient": [asdict(r) for r in pseudo],
+        },
+    )
+    report.plot(out / "performance.png", inner, sync)
+    print(f"wrote {out / 'results.json'} and {out / 'performance.png'}")
+    return 0
+
+
+def _with(result: Any, *properties: str) -> dict[str, Any]:
+    """The result's fields and the named derived figures."""
+    return {**asdict(result), **{name: getattr(result, name) for name in properties}}
+
+
+def _notes(
+    inner: list[inner_loop.InnerLoopResult],
+    sync: list[sync_round.SyncResult],
+    load_before: float,
+    load_after: float,
+    others: dict[str, float],
+) -> list[str]:
+    notes = [f"load average {load_before:.2f} at the start, {load_after:.2f} at the end"]
+    if load_before > QUIET_LOAD:
+        notes.append("the machine was busy: run again when it is quiet before trusting a ratio")
+    for title, share in others.items():
+        if share > QUIET_SHARE:
+            notes.append(
+                f"other processes took {share:.0%} of the machine's CPU during the {title} "
+                "benchmark: its ratios are suspect, run it again on a quiet machine"
+            )
+    for result in inner:
+        notes.append(
+            f"inner loop {result.model}: the local bridge and coordinator (this process) used "
+            f"{result.stand_in_cpu_ms_per_step:.1f} ms CPU per executor step on the same cores; "
+            f"a bare step takes {1e3 / result.bare_steps_per_s:.1f} ms"
+        )
+        low, high = min(result.bare_samples_per_s), max(result.bare_samples_per_s)
+        if high > 1.1 * low:
+            notes.append(
+                f"inner loop {result.model}: the bare loop ran at {low:.1f} and {high:.1f} samples/s "
+                "before and after the executor; the machine's speed drifted"
+            )
+    for round_ in sync:
+        parts = ", ".join(f"{part} {s * 1e3:.1f}" for part, s in round_.parts_s.items())
+        notes.append(
+            f"sync round {round_.model} {round_.dtype}: {parts} ms (medians of {round_.rounds}); "
+            f"one status round trip through the bridge {round_.round_trip_s * 1e3:.1f} ms; "
+            f"waiting for the parameter server {round_.waiting_s * 1e3:.1f} ms, not counted"
+        )
+    return notes
+
+
+def _machine(load_before: float, load_after: float) -> dict[str, Any]:
+    import torch
+
+    return {
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "load_average_start": round(load_before, 2),
+        "load_average_end": round(load_after, 2),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    arguments = parse_arguments(argv)
+    try:
+        command = " ".join(["python bench/run.py", *argv])
+        return run(arguments.size, arguments.only, arguments.out, command)
+    except KeyboardInterrupt:
+        print("bench: interrupted", file=sys.stderr)
+        return 130
+    except (BenchError, OSError) as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # the executor's and local cluster's own errors are one line too
+        if os.environ.get("HYPHA_DEBUG"):
+            traceback.print_exc()
+        summary = " ".join(str(exc).split())[:500]
+        print(f"bench: failed: {type(exc).__name__}: {summary}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

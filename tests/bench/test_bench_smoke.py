@@ -1,0 +1,81 @@
+"""The benchmarks run end to end at a tiny size, and fail in one line.
+
+No timing is asserted: a 2-core CI machine shared with other jobs measures nothing
+useful at this size. What is asserted is that every benchmark produced its rows, the
+JSON and the plot, and the facts that do not depend on speed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+RUN = Path(__file__).resolve().parents[2] / "bench" / "run.py"
+
+
+def bench(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(RUN), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+@pytest.mark.slow
+def test_every_benchmark_runs_at_smoke_size(tmp_path: Path) -> None:
+    done = bench("--smoke", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-4000:]
+
+    results = json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))
+    assert {row["benchmark"] for row in results["rows"]} == {
+        "inner loop",
+        "data path",
+        "sync round",
+        "pseudo-gradient",
+    }
+    for row in results["rows"]:
+        assert math.isfinite(row["ratio"]) and row["ratio"] > 0, row
+        assert row["verdict"] in ("met", "GAP", "-")
+        assert row["case"] in done.stdout  # the table shows every row
+    assert results["size"] == "smoke"
+    assert (tmp_path / "performance.png").read_bytes().startswith(b"\x89PNG")
+    others = results["cpu_share_of_other_processes"]
+    assert len(others) == 4 and all(share >= 0 for share in others.values())
+
+    [inner] = results["inner_loop"]
+    assert len(inner["executor_rounds"]) == 1 and inner["executor_samples_per_s"] > 0
+    assert [len(rounds) for rounds in inner["bare_rounds"]] == [1, 1]
+    assert all(rate > 0 for rate in inner["bare_samples_per_s"])
+    [sync] = results["sync_round"]
+    assert sync["dtype"] == "float32"
+    assert set(sync["parts_s"]) == {"write", "send", "merge", "load"}
+    assert sync["bytes_out"] >= 4 * sync["parameters"]  # fp32: 4 bytes a parameter
+
+    fp32, bf16 = results["pseudo_gradient"]
+    assert (fp32["dtype"], bf16["dtype"]) == ("float32", "bfloat16")
+    # bf16 halves the tensor bytes; the safetensors header is the same size either way.
+    assert 0.45 < bf16["bytes_per_round"] / fp32["bytes_per_round"] < 0.55
+    for run in (fp32, bf16):
+        assert math.isfinite(run["final_loss"])
+        assert (tmp_path / f"demo-{run['dtype']}" / "summary.json").is_file()
+
+
+def test_unknown_benchmark_is_refused_in_one_line(tmp_path: Path) -> None:
+    done = bench("--only", "inner,warp-drive", "--out", str(tmp_path), timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "warp-drive" in done.stderr
+
+
+def test_unusable_out_folder_fails_in_one_line(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder", encoding="utf-8")
+    done = bench("--only", "data", "--out", str(blocker / "results"), timeout=300)
+    assert done.returncode == 1
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("bench: "), done.stderr
