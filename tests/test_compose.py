@@ -48,7 +48,7 @@ def test_compose_files_are_valid(files: list[str], variant: str, expected: str) 
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert expected in done.stdout
-    assert f"hypha-accelerate-executor:{variant}" in done.stdout
+    assert f"hypha-accelerate-executor:compose-{variant}" in done.stdout
 
 
 @pytest.mark.docker

@@ -11,18 +11,6 @@ from image_harness import CPU_IMAGE, hypha_accelerate, image_exists
 
 
 @pytest.fixture(scope="session")
-def docker_api() -> Any:
-    import docker
-
-    try:
-        api = docker.APIClient(version="auto")
-        api.ping()
-    except Exception as exc:
-        pytest.fail(f"no Docker engine ({exc}); deselect these tests with -m 'not docker'")
-    return api
-
-
-@pytest.fixture(scope="session")
 def cpu_image(docker_api: Any) -> str:
     if not image_exists(docker_api, CPU_IMAGE):
         built = hypha_accelerate("build", "cpu", "--offline")

@@ -23,18 +23,6 @@ HERE = Path(__file__).parent
 
 
 @pytest.fixture(scope="session")
-def docker_api() -> Any:
-    import docker
-
-    try:
-        api = docker.APIClient(version="auto")
-        api.ping()
-    except Exception as exc:
-        pytest.skip(f"no Docker engine: {exc}")
-    return api
-
-
-@pytest.fixture(scope="session")
 def fake_image(docker_api: Any) -> str:
     try:
         return ensure_test_image(docker_api)

@@ -58,7 +58,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--socket", required=True, help="the job bridge's socket, inside WORK_DIR")
     p.add_argument("--work-dir", required=True, help="the job's work directory")
     p.add_argument("--job", required=True, help="the job spec JSON, or @PATH of a file with it")
-    p.add_argument("--image", help="image to run instead of the variant's")
+    p.add_argument(
+        "--image",
+        default=os.environ.get("HYPHA_ACCELERATE_IMAGE"),
+        help="image to run instead of the variant's (default: $HYPHA_ACCELERATE_IMAGE)",
+    )
     p.add_argument("--bundle", help="mps-host: the bundle folder (hypha-accelerate build mps-host)")
     p.add_argument(
         "--user",
