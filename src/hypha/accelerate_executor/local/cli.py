@@ -149,6 +149,12 @@ def _parser() -> argparse.ArgumentParser:
         "--connect-timeout", type=float, default=120.0, help="seconds to wait for the coordinator"
     )
     worker.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads per executor (OMP_NUM_THREADS); set it when workers share a host",
+    )
+    worker.add_argument(
         "--linger",
         action="store_true",
         help="after the job, stay until the coordinator is gone (compose: the coordinator's "
@@ -258,6 +264,7 @@ def _worker(args: argparse.Namespace) -> int:
             args.work_base,
             owner=args.as_user,
             keep_work_dir=args.keep_work_dir,
+            env={"OMP_NUM_THREADS": str(args.threads)} if args.threads else None,
         )
         client = CoordinatorClient(args.coordinator)
         client.wait_until_up(args.connect_timeout)

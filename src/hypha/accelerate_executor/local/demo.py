@@ -7,6 +7,7 @@ them and this process crosses a real Unix socket.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -96,8 +97,18 @@ def run_demo(
         except (WorkerError, CoordinatorError) as exc:
             warn(worker.name, str(exc))
 
+    # The workers share this machine: each executor gets its share of the cores, since
+    # oversubscribed torch threads slow every executor down several times.
+    threads_each = str(max(1, (os.cpu_count() or 1) // options.workers))
     workers = [
-        LocalWorker(f"w{index + 1}", executor, work_base, owner=owner, keepalive_s=keepalive_s)
+        LocalWorker(
+            f"w{index + 1}",
+            executor,
+            work_base,
+            owner=owner,
+            keepalive_s=keepalive_s,
+            env={"OMP_NUM_THREADS": threads_each},
+        )
         for index in range(options.workers)
     ]
     # Daemons, so a worker stuck past the grace period cannot keep the process alive.

@@ -154,6 +154,10 @@ def run(args: argparse.Namespace, interrupts: Interrupts) -> int:
         socket, work_dir, "@" + job_path, args.accelerate_config, args.num_processes
     )
     env = {"HYPHA_TRUST_REMOTE_CODE": "1"} if args.trust_remote_code else {}
+    # Executors sharing a host each take their share of its cores: oversubscribed torch
+    # threads slow every one of them down several times.
+    if "OMP_NUM_THREADS" in os.environ:
+        env["OMP_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"]
     if args.variant == HOST_VARIANT:
         from hypha.accelerate_executor.shim.host import run_bundle
 
