@@ -7,7 +7,7 @@ Every claim is a ratio against a baseline measured in the same run:
   data    load_slice + batches_of vs per-sample indexing + torch.stack, and vs training speed
   sync    one DiLoCo sync round (waiting excluded) vs one safetensors save_file, 1M-100M
   pseudo  the local demo with fp32 and with bf16 pseudo-gradients: bytes per round, loss
-Progress goes to stderr, the table to stdout. Full size takes about four minutes on 2
+Progress goes to stderr, the table to stdout. Full size takes four to five minutes on 2
 cores: run it on a quiet machine. The notes under the table say when it was not (the
 load average, and the share of the CPU other processes took during each benchmark).
 """
@@ -39,7 +39,7 @@ from bench.timing import machine_cpu_seconds, own_cpu_seconds
 from hypha.accelerate_executor.local.coordinator import RunOptions
 
 BENCHMARKS = ("inner", "data", "sync", "pseudo")
-# A load average above this at the start makes the run's ratios suspect.
+# A load average above this at the start is worth a warning before anything runs.
 QUIET_LOAD = 1.0
 # Other processes' share of the machine's CPU during a benchmark above which it is flagged.
 QUIET_SHARE = 0.05
@@ -263,8 +263,6 @@ def _notes(
     others: dict[str, float],
 ) -> list[str]:
     notes = [f"load average {load_before:.2f} at the start, {load_after:.2f} at the end"]
-    if load_before > QUIET_LOAD:
-        notes.append("the machine was busy: run again when it is quiet before trusting a ratio")
     for title, share in others.items():
         if share > QUIET_SHARE:
             notes.append(

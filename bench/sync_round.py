@@ -44,7 +44,9 @@ from hypha.accelerate_executor.local.coordinator import Catalog, Coordinator, Ru
 from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
 from hypha.accelerate_executor.progress import UpdateInbox, expect
 
-PARTS = ("write", "send", "merge", "load")
+# write: gather, theta_local - theta_global, save; send: hand it to the bridge, report
+# `update`; merge: theta_global += u; load: into the model; report: `update-received`.
+PARTS = ("write", "send", "merge", "load", "report")
 # Its imports (torch) and the assets it may have to generate, on a slow machine.
 HYPHA_SIDE_START_S = 300.0
 
@@ -117,11 +119,12 @@ class WorkerSide:
         self.global_weights.merge_update(received.path)
         lap("merge")
         self.weights.load(self.global_weights.tensors)
+        lap("load")
         expect(self.bridge.status("update-received"), "Continue", "Done", sent="update-received")
         (self.bridge.work_dir / f"pseudo-gradients/round-{round_number - 1}.safetensors").unlink(
             missing_ok=True
         )
-        lap("load")
+        lap("report")
         waiting = parts.pop("waiting")
         return parts, waiting, size
 

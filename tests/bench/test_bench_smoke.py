@@ -55,7 +55,7 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path: Path) -> None:
     assert all(rate > 0 for rate in inner["bare_samples_per_s"])
     [sync] = results["sync_round"]
     assert sync["dtype"] == "float32"
-    assert set(sync["parts_s"]) == {"write", "send", "merge", "load"}
+    assert set(sync["parts_s"]) == {"write", "send", "merge", "load", "report"}
     assert sync["bytes_out"] >= 4 * sync["parameters"]  # fp32: 4 bytes a parameter
 
     fp32, bf16 = results["pseudo_gradient"]
