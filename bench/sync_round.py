@@ -22,6 +22,7 @@ import json
 import multiprocessing
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -121,9 +122,9 @@ class WorkerSide:
         self.weights.load(self.global_weights.tensors)
         lap("load")
         expect(self.bridge.status("update-received"), "Continue", "Done", sent="update-received")
-        (self.bridge.work_dir / f"pseudo-gradients/round-{round_number - 1}.safetensors").unlink(
-            missing_ok=True
-        )
+        # As the executor does: the previous round's file goes in the background.
+        previous = self.bridge.work_dir / f"pseudo-gradients/round-{round_number - 1}.safetensors"
+        threading.Thread(target=previous.unlink, kwargs={"missing_ok": True}, daemon=True).start()
         lap("report")
         waiting = parts.pop("waiting")
         return parts, waiting, size

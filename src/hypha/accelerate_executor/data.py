@@ -48,9 +48,13 @@ def load_slice(path: Path, names: list[str] | None) -> Batch:
 def batches_of(tensors: Batch, batch_size: int, rank: int, world: int) -> Iterator[Batch]:
     """Rank `rank`'s full batches of one slice; the remainder that fills no batch is dropped."""
     samples = next(iter(tensors.values())).shape[0]
-    for step in range(samples // (batch_size * world)):
-        start = (step * world + rank) * batch_size
-        yield {name: tensor[start : start + batch_size] for name, tensor in tensors.items()}
+    usable = samples // (batch_size * world) * batch_size * world
+    # torch.split cuts every view in one call; the ranks take turns batch by batch.
+    parts = {
+        name: tensor[:usable].split(batch_size)[rank::world] for name, tensor in tensors.items()
+    }
+    for views in zip(*parts.values(), strict=True):
+        yield dict(zip(parts, views, strict=True))
 
 
 class SliceStream:

@@ -29,13 +29,18 @@ class GlobalWeights:
         }
         if pin:
             self.tensors = {name: tensor.pin_memory() for name, tensor in self.tensors.items()}
+        # The pseudo-gradient's buffers, allocated once: a fresh model-sized allocation every
+        # round costs more than the subtraction itself.
+        self._delta = {name: torch.empty_like(tensor) for name, tensor in self.tensors.items()}
 
     def write_pseudo_gradient(
         self, local: dict[str, torch.Tensor], path: Path, dtype: torch.dtype = torch.float32
     ) -> int:
         """Writes theta_local - theta_global for every tensor to `path`; returns its size."""
         delta = {
-            name: (tensor.detach().to("cpu", torch.float32) - self.tensors[name]).to(dtype)
+            name: torch.sub(
+                tensor.detach().to("cpu", torch.float32), self.tensors[name], out=self._delta[name]
+            ).to(dtype)
             for name, tensor in local.items()
         }
         path.parent.mkdir(parents=True, exist_ok=True)

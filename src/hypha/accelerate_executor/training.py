@@ -15,6 +15,7 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -241,9 +242,10 @@ class Trainer:
         answer = expect(
             self.bridge.status("update-received"), "Continue", "Done", sent="update-received"
         )
-        # The parameter server had the previous round's file before it sent that round's update.
+        # The parameter server had the previous round's file before it sent that round's
+        # update; deleting a model-sized file takes a while, so not on the sync's path.
         previous = self.work_dir / f"pseudo-gradients/round-{round_number - 1}.safetensors"
-        previous.unlink(missing_ok=True)
+        threading.Thread(target=previous.unlink, kwargs={"missing_ok": True}, daemon=True).start()
         self.say(
             f"round {round_number}: loss {stats.loss:.4f} | {stats.batches} batches | "
             f"{stats.samples / stats.seconds:.1f} samples/s | sync {outgoing + merged:.3f} s "
