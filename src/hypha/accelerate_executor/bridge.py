@@ -11,6 +11,7 @@ import http.client
 import json
 import socket
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,9 +101,10 @@ class BridgeClient:
         body = json.dumps({"resource": _wire(reference), "path": relative_dir}).encode()
         connection = _UnixHTTPConnection(self.socket_path, STREAM_SILENCE_LIMIT_S)
         try:
-            response = self._exchange(connection, route, body)
-            if response.status != 200:
-                self._raise_for(route, response.status, response.read())
+            with self._reaching(route, STREAM_SILENCE_LIMIT_S):
+                response = self._exchange(connection, route, body)
+                if response.status != 200:
+                    self._raise_for(route, response.status, response.read())
         except BaseException:
             connection.close()
             raise
@@ -151,34 +153,39 @@ class BridgeClient:
         body = json.dumps(payload, allow_nan=False).encode()
         connection = _UnixHTTPConnection(self.socket_path, timeout)
         try:
-            response = self._exchange(connection, route, body)
-            data = response.read()
-        except TimeoutError:
-            raise BridgeGoneError(
-                f"the bridge did not answer {route} within {timeout:.0f} s"
-            ) from None
-        except _CONNECTION_LOST as exc:
-            raise BridgeGoneError(f"lost the bridge during {route}: {exc}") from None
+            with self._reaching(route, timeout):
+                response = self._exchange(connection, route, body)
+                data = response.read()
         finally:
             connection.close()
         if response.status != 200:
             self._raise_for(route, response.status, data)
         return json.loads(data) if data.strip() else None
 
+    @staticmethod
     def _exchange(
-        self, connection: _UnixHTTPConnection, route: str, body: bytes
+        connection: _UnixHTTPConnection, route: str, body: bytes
     ) -> http.client.HTTPResponse:
+        connection.request("POST", route, body=body, headers={"Content-Type": "application/json"})
+        return connection.getresponse()
+
+    @contextmanager
+    def _reaching(self, route: str, timeout: float) -> Iterator[None]:
+        """Turns every way of losing the bridge during a request into one BridgeGoneError."""
         try:
-            connection.request(
-                "POST", route, body=body, headers={"Content-Type": "application/json"}
-            )
-            return connection.getresponse()
+            yield
         except FileNotFoundError:
             raise BridgeGoneError(f"the bridge socket {self.socket_path} does not exist") from None
         except ConnectionRefusedError:
             raise BridgeGoneError(
                 f"the bridge at {self.socket_path} refused the connection"
             ) from None
+        except TimeoutError:
+            raise BridgeGoneError(
+                f"the bridge did not answer {route} within {timeout:.0f} s"
+            ) from None
+        except _CONNECTION_LOST as exc:
+            raise BridgeGoneError(f"lost the bridge during {route}: {exc}") from None
 
     @staticmethod
     def _raise_for(route: str, status: int, data: bytes) -> None:
