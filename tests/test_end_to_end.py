@@ -71,14 +71,12 @@ def test_two_accelerate_processes_through_two_rounds(
          "--job", "{JOB_JSON}"),
     )  # fmt: skip
     options = RunOptions(workers=1, rounds=2, steps_per_round=12)
-    code = run_demo(
-        options, entry, out_dir=tmp_path / "out", work_base=short_tmp, assets_dir=assets_dir
-    )
+    run_demo(options, entry, out_dir=tmp_path / "out", work_base=short_tmp, assets_dir=assets_dir)
     captured = capfd.readouterr()
     output = captured.out + captured.err
     summary = summary_of(tmp_path / "out")
     # Two short rounds: the demo's x0.6 verdict is not the point here, a clean run is.
-    assert summary["workers"]["w1"]["exit_code"] == 0, (code, summary)
+    assert summary["workers"]["w1"]["exit_code"] == 0, output[-3000:]
     assert "batch 8 x 2 process(es)" in output
     assert output.count("round 2: done") == 1  # rank 0 alone speaks
     assert summary["rounds"][-1]["mean_loss"] < summary["rounds"][0]["mean_loss"]

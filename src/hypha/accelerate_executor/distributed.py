@@ -43,6 +43,13 @@ class Ranks:
         if self.count > 1:
             dist.barrier(group=self._group)
 
+    def finish(self) -> None:
+        """All ranks leave together: a rank that exits right after sending rank 0's last
+        decision would cut the connection another rank is still reading it from."""
+        if self.count > 1:
+            dist.barrier(group=self._group)
+            dist.destroy_process_group()
+
 
 def canonical_names(model: torch.nn.Module) -> dict[str, str]:
     """Maps every state-dict name to the first name of the same tensor, so that tied

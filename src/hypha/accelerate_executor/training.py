@@ -131,10 +131,11 @@ class Trainer:
                     or self.ranks.share(self.report_round(round_number, stats)) == "done"
                 ):
                     self.say(f"round {round_number}: the scheduler ended the job")
-                    return
+                    break
                 if self.synchronise(round_number, stats) == "Done":
                     self.say(f"round {round_number}: done")
-                    return
+                    break
+            self.ranks.finish()
         finally:
             self.data.close()
             if self.reporter is not None:
