@@ -1,11 +1,11 @@
 """Benchmark 3: what one DiLoCo sync round costs a worker, against one `save_file`.
 
-The worker's side of a round runs exactly as `Trainer.synchronise` runs it, with the
-executor's own GlobalWeights and ModelWeights, its BridgeClient and UpdateInbox, a real
-bridge server on a Unix socket and the local cluster's coordinator as scheduler and
-parameter server. Timed, as the executor times it: gather, write the pseudo-gradient,
-send it, report `update`; then merge the update, load it into the model, report
-`update-received`. Not timed: waiting for the parameter server. The baseline is one
+The worker's side of a round is the executor's own `Synchroniser.run`, the very call
+`Trainer.synchronise` makes, over its BridgeClient, a real bridge server on a Unix socket
+and the local cluster's coordinator as scheduler and parameter server. Timed, as the
+executor times it: gather, write the pseudo-gradient, send it, report `update`; then
+merge the update, load it into the model, report `update-received`. Not timed: waiting
+for the parameter server. The baseline is one
 `safetensors.torch.save_file` of the same tensors, in the same work dir, in the same round.
 Each model runs with fp32 pseudo-gradients (the default) and, where asked, bf16 ones
 (`--pseudo-gradient-dtype bfloat16`), against the same fp32 baseline.
@@ -22,7 +22,6 @@ import json
 import multiprocessing
 import statistics
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -36,18 +35,18 @@ from safetensors.torch import save_file
 from bench.errors import BenchError
 from bench.models import Shape, parameter_count
 from hypha.accelerate_executor.bridge import BridgeClient
-from hypha.accelerate_executor.diloco import GlobalWeights
 from hypha.accelerate_executor.distributed import ModelWeights, canonical_names
 from hypha.accelerate_executor.job import Job, parse_job
 from hypha.accelerate_executor.local.assets import ensure_assets
 from hypha.accelerate_executor.local.bridge_server import SOCKET_NAME, BridgeServer
 from hypha.accelerate_executor.local.coordinator import Catalog, Coordinator, RunOptions
 from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
-from hypha.accelerate_executor.progress import UpdateInbox, expect
+from hypha.accelerate_executor.progress import expect
+from hypha.accelerate_executor.sync import PARTS as SYNC_PARTS
+from hypha.accelerate_executor.sync import Synchroniser
 
-# write: gather, theta_local - theta_global, save; send: hand it to the bridge, report
-# `update`; merge: theta_global += u; load: into the model; report: `update-received`.
-PARTS = ("write", "send", "merge", "load", "report")
+# The executor's parts of a round (sync.PARTS), less the wait for the parameter server.
+PARTS = tuple(part for part in SYNC_PARTS if part != "wait")
 # Its imports (torch) and the assets it may have to generate, on a slow machine.
 HYPHA_SIDE_START_S = 300.0
 
@@ -71,18 +70,18 @@ class SyncResult:
 
 
 class WorkerSide:
-    """One job's worker end: a model, its DiLoCo state and a bridge to the coordinator."""
+    """One job's worker end: a model, and the executor's own Synchroniser over a bridge."""
 
     def __init__(
         self, accelerator: Accelerator, shape: Shape, job: Job, bridge: BridgeClient, dtype: str
     ) -> None:
-        self.job = job
         self.bridge = bridge
-        self.dtype = getattr(torch, dtype)
         self.model = accelerator.prepare(shape.build())
         self.weights = ModelWeights(accelerator, self.model, canonical_names(self.model))
-        self.global_weights = GlobalWeights(self.weights.gather())
-        self.inbox = UpdateInbox(bridge, job.config.results)
+        config = job.config
+        self.synchroniser = Synchroniser(
+            self.weights, bridge, config.updates, config.results, getattr(torch, dtype)
+        )
 
     @torch.no_grad()
     def train_stand_in(self) -> float:
@@ -95,39 +94,6 @@ class WorkerSide:
         round_trip = time.perf_counter() - started
         expect(answer, "ScheduleUpdate", sent="status")
         return round_trip
-
-    def synchronise(self, round_number: int) -> tuple[dict[str, float], float, int]:
-        """One round as the executor does it: the timed parts, the wait, the bytes sent."""
-        parts: dict[str, float] = {}
-        clock = time.perf_counter()
-
-        def lap(part: str) -> None:
-            nonlocal clock
-            now = time.perf_counter()
-            parts[part] = now - clock
-            clock = now
-
-        relative = f"pseudo-gradients/round-{round_number}.safetensors"
-        size = self.global_weights.write_pseudo_gradient(
-            self.weights.gather(), self.bridge.work_dir / relative, self.dtype
-        )
-        lap("write")
-        self.bridge.send(self.job.config.updates, relative)
-        expect(self.bridge.status("update"), "Ok", sent="update")
-        lap("send")
-        received = self.inbox.next_update()
-        lap("waiting")
-        self.global_weights.merge_update(received.path)
-        lap("merge")
-        self.weights.load(self.global_weights.tensors)
-        lap("load")
-        expect(self.bridge.status("update-received"), "Continue", "Done", sent="update-received")
-        # As the executor does: the previous round's file goes in the background.
-        previous = self.bridge.work_dir / f"pseudo-gradients/round-{round_number - 1}.safetensors"
-        threading.Thread(target=previous.unlink, kwargs={"missing_ok": True}, daemon=True).start()
-        lap("report")
-        waiting = parts.pop("waiting")
-        return parts, waiting, size
 
     def save_file_once(self, path: Path) -> float:
         tensors = self.weights.gather()
@@ -205,16 +171,17 @@ def measure(
             # Alternating which goes first: neither always meets the other's dirty pages.
             if round_number % 2:
                 save_s = worker.save_file_once(baseline)
-            timed, waiting, size = worker.synchronise(round_number)
+            outcome = worker.synchroniser.run(round_number)
             if not round_number % 2:
                 save_s = worker.save_file_once(baseline)
             if round_number == 1:
                 continue  # warm-up: first allocations, first files
             saves.append(save_s)
-            waits.append(waiting)
+            waits.append(outcome.seconds["wait"])
             round_trips.append(round_trip)
-            for part, seconds in timed.items():
-                parts[part].append(seconds)
+            size = outcome.bytes_out
+            for part in PARTS:
+                parts[part].append(outcome.seconds[part])
     sums = [sum(values) for values in zip(*parts.values(), strict=True)]
     return SyncResult(
         model=shape.name,

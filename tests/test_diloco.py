@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -10,8 +11,10 @@ from accelerate import Accelerator
 from safetensors.torch import load_file, save_file
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from hypha.accelerate_executor import diloco
 from hypha.accelerate_executor.diloco import GlobalWeights, UpdateError
 from hypha.accelerate_executor.distributed import ModelWeights, canonical_names
+from hypha.accelerate_executor.errors import ExecutorError
 
 
 def tiny_tied_model() -> GPT2LMHeadModel:
@@ -89,3 +92,72 @@ def test_update_that_does_not_fit_is_refused(tmp_path: Path) -> None:
         global_weights.merge_update(tmp_path / "shape")
     with pytest.raises(UpdateError, match="lacks"):
         global_weights.merge_update(tmp_path / "name")
+
+
+@pytest.fixture
+def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks of 7 elements, so that every test tensor spans several, with a short last one."""
+    monkeypatch.setattr(diloco, "CHUNK", 7)
+
+
+def odd_tensors() -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    return {
+        "scalar": torch.tensor(0.5),
+        "empty": torch.zeros(0, 3),
+        "matrix": torch.randn(5, 9, generator=generator),
+        "vector": torch.randn(23, generator=generator),
+    }
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.usefixtures("small_chunks")
+def test_streamed_pseudo_gradient_is_a_standard_safetensors_file(
+    tmp_path: Path, dtype: torch.dtype
+) -> None:
+    start = odd_tensors()
+    global_weights = GlobalWeights(start)
+    local = {name: tensor * 3 + 1 for name, tensor in start.items()}
+    size = global_weights.write_pseudo_gradient(local, tmp_path / "delta", dtype)
+    assert size == (tmp_path / "delta").stat().st_size
+    written = load_file(tmp_path / "delta")  # safetensors' own reader
+    assert written.keys() == start.keys()
+    for name, tensor in start.items():
+        assert written[name].dtype == dtype
+        torch.testing.assert_close(written[name], (local[name] - tensor).to(dtype))
+
+
+@pytest.mark.usefixtures("small_chunks")
+def test_streamed_merge_reads_what_safetensors_writes(tmp_path: Path) -> None:
+    start = odd_tensors()
+    global_weights = GlobalWeights(start)
+    update = {name: torch.full_like(tensor, 0.25) for name, tensor in start.items()}
+    update["vector"] = update["vector"].to(torch.bfloat16)  # dtypes may differ per tensor
+    del update["scalar"]  # the parameter server may leave tensors out
+    save_file(update, tmp_path / "update", metadata={"format": "pt"})
+    assert global_weights.merge_update(tmp_path / "update") == 3
+    for name, tensor in start.items():
+        expected = tensor if name == "scalar" else tensor + 0.25
+        torch.testing.assert_close(global_weights.tensors[name], expected)
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda data: data[:5], "too short"),
+        (lambda data: b"\xff" * 8 + data[8:], "header length"),
+        (lambda data: data[:8] + b"{" * (len(data) - 8), "not JSON"),
+        (lambda data: data[:-3], "do not fit"),
+        (lambda data: data.replace(b'"F32"', b'"F99"'), "dtype"),
+        (lambda data: data.replace(b'"shape":[23]', b'"shape":[-1]'), "shape"),
+    ],
+)
+def test_malformed_update_is_one_clear_error(
+    tmp_path: Path, damage: Callable[[bytes], bytes], message: str
+) -> None:
+    global_weights = GlobalWeights({"vector": torch.zeros(23)})
+    save_file({"vector": torch.ones(23)}, tmp_path / "good")
+    (tmp_path / "bad").write_bytes(damage((tmp_path / "good").read_bytes()))
+    with pytest.raises(ExecutorError, match=message) as caught:
+        global_weights.merge_update(tmp_path / "bad")
+    assert "\n" not in str(caught.value)

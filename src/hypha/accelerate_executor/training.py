@@ -15,7 +15,6 @@ import math
 import os
 import signal
 import sys
-import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -64,7 +63,6 @@ class Trainer:
 
         from hypha.accelerate_executor.bridge import BridgeClient
         from hypha.accelerate_executor.data import SliceStream, preprocessing
-        from hypha.accelerate_executor.diloco import GlobalWeights
         from hypha.accelerate_executor.distributed import (
             CONTROL_TIMEOUT,
             ModelWeights,
@@ -72,11 +70,11 @@ class Trainer:
             canonical_names,
         )
         from hypha.accelerate_executor.modeling import load_model, load_preprocessor
-        from hypha.accelerate_executor.progress import StatusReporter, UpdateInbox
+        from hypha.accelerate_executor.progress import StatusReporter
+        from hypha.accelerate_executor.sync import Synchroniser
 
         self.job = job
         self.work_dir = work_dir
-        self.pseudo_gradient_dtype = getattr(torch, pseudo_gradient_dtype)
         config = job.config
         self.accelerator = Accelerator(
             kwargs_handlers=[InitProcessGroupKwargs(timeout=CONTROL_TIMEOUT)]
@@ -98,8 +96,6 @@ class Trainer:
         self.lr_schedule = build_lr_schedule(optimizer, config.scheduler)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.model.train()
-        self.weights = ModelWeights(self.accelerator, self.model, names)
-        self.global_weights = GlobalWeights(self.weights.gather())
 
         self.prepare_batch = None
         if config.preprocessor is not None:
@@ -111,8 +107,14 @@ class Trainer:
         )
         self.batches = iter(self.data)
 
-        # The one receive stream opens before anything is sent and stays open.
-        self.inbox = UpdateInbox(self.bridge, config.results) if self.bridge else None
+        # The one receive stream opens here, before anything is sent, and stays open.
+        self.synchroniser = Synchroniser(
+            ModelWeights(self.accelerator, self.model, names),
+            self.bridge,
+            config.updates,
+            config.results,
+            getattr(torch, pseudo_gradient_dtype),
+        )
         self.reporter = StatusReporter(self.bridge) if self.bridge else None
         self.batches_trained = 0  # over the whole job, as the reporter counts them
 
@@ -215,44 +217,16 @@ class Trainer:
         return None
 
     def synchronise(self, round_number: int, stats: RoundStats) -> str:
-        """The DiLoCo outer step: send theta_local - theta_global, wait for the parameter
-        server's update u, load theta_global + u. Returns the scheduler's Continue or Done."""
-        from hypha.accelerate_executor.progress import expect
-
-        started = time.perf_counter()
-        local = self.weights.gather()  # a collective: every rank takes part
-        if self.bridge is None or self.inbox is None:  # not rank 0: only the collectives
-            self.weights.load({})
-            return str(self.ranks.share(None))
-
-        relative = f"pseudo-gradients/round-{round_number}.safetensors"
-        size = self.global_weights.write_pseudo_gradient(
-            local, self.work_dir / relative, self.pseudo_gradient_dtype
-        )
-        del local
-        self.bridge.send(self.job.config.updates, relative)  # never touched again
-        expect(self.bridge.status("update"), "Ok", sent="update")
-        outgoing = time.perf_counter() - started
-
-        received = self.inbox.next_update()
-        merge_started = time.perf_counter()
-        waited = merge_started - started - outgoing
-        self.global_weights.merge_update(received.path)
-        self.weights.load(self.global_weights.tensors)
-        merged = time.perf_counter() - merge_started
-        answer = expect(
-            self.bridge.status("update-received"), "Continue", "Done", sent="update-received"
-        )
-        # The parameter server had the previous round's file before it sent that round's
-        # update; deleting a model-sized file takes a while, so not on the sync's path.
-        previous = self.work_dir / f"pseudo-gradients/round-{round_number - 1}.safetensors"
-        threading.Thread(target=previous.unlink, kwargs={"missing_ok": True}, daemon=True).start()
-        self.say(
-            f"round {round_number}: loss {stats.loss:.4f} | {stats.batches} batches | "
-            f"{stats.samples / stats.seconds:.1f} samples/s | sync {outgoing + merged:.3f} s "
-            f"({size / 1e6:.1f} MB out) + {waited:.2f} s waiting for the update"
-        )
-        return str(self.ranks.share(answer))
+        """The DiLoCo outer step; returns the scheduler's Continue or Done on every rank."""
+        outcome = self.synchroniser.run(round_number)
+        if outcome.answer is not None:
+            self.say(
+                f"round {round_number}: loss {stats.loss:.4f} | {stats.batches} batches | "
+                f"{stats.samples / stats.seconds:.1f} samples/s | sync {outcome.overhead_s:.3f} s "
+                f"({outcome.bytes_out / 1e6:.1f} MB out) + {outcome.seconds['wait']:.2f} s "
+                "waiting for the update"
+            )
+        return str(self.ranks.share(outcome.answer))
 
     def say(self, message: str) -> None:
         if self.ranks.is_main:
