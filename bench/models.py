@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from hypha.accelerate_executor.local.assets import AssetSpec
+from hypha.accelerate_executor.local.assets import AssetSpec, build_model
 
 if TYPE_CHECKING:
     import torch
@@ -28,21 +28,7 @@ class Shape:
         return AssetSpec(n_embd=self.n_embd, n_layer=self.n_layer, n_head=self.n_head, **overrides)
 
     def build(self, seed: int = 0) -> torch.nn.Module:
-        import torch
-        from transformers import GPT2Config, GPT2LMHeadModel
-
-        spec = self.asset_spec()
-        config = GPT2Config(
-            vocab_size=spec.vocab_size,
-            n_positions=spec.seq_len,
-            n_embd=self.n_embd,
-            n_layer=self.n_layer,
-            n_head=self.n_head,
-            bos_token_id=0,
-            eos_token_id=0,
-        )
-        torch.manual_seed(seed)
-        model: torch.nn.Module = GPT2LMHeadModel(config)
+        model: torch.nn.Module = build_model(self.asset_spec(seed=seed))
         return model
 
 

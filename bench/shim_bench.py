@@ -120,9 +120,8 @@ def measure(command: list[str], job_id: str, events: Events) -> Run:
     _, status, usage = os.wait4(process.pid, 0)
     exited = time.time() - start
     if os.waitstatus_to_exitcode(status) != 0:
-        raise RuntimeError(
-            f"{command[0]} failed: {process.stderr.read() if process.stderr else out}"
-        )
+        error = process.stderr.read() if process.stderr else out
+        raise RuntimeError(f"{command[0]} failed: {error.decode(errors='replace').strip()}")
     return Run(
         created=events.wait_for(job_id, "create") - start,
         started=events.wait_for(job_id, "start") - start,

@@ -74,7 +74,6 @@ class Trainer:
         from hypha.accelerate_executor.sync import Synchroniser
 
         self.job = job
-        self.work_dir = work_dir
         config = job.config
         self.accelerator = Accelerator(
             kwargs_handlers=[InitProcessGroupKwargs(timeout=CONTROL_TIMEOUT)]

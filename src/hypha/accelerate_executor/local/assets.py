@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
+    from transformers import GPT2LMHeadModel
 
 MODEL_REPOSITORY = "local/tiny-gpt2"
 MODEL_FILENAMES = ("config.json", "model.safetensors", "generation_config.json")
@@ -114,12 +115,11 @@ def chain_entropy(spec: AssetSpec) -> float:
     return float(-(probs * probs.log()).sum(dim=-1).mean())
 
 
-def _write_model(spec: AssetSpec, folder: Path) -> None:
+def build_model(spec: AssetSpec) -> GPT2LMHeadModel:
+    """The spec's GPT-2, freshly initialised from its seed."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
-    from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()
     config = GPT2Config(
         vocab_size=spec.vocab_size,
         n_positions=spec.seq_len,
@@ -130,8 +130,14 @@ def _write_model(spec: AssetSpec, folder: Path) -> None:
         eos_token_id=0,
     )
     torch.manual_seed(spec.seed)
-    model = GPT2LMHeadModel(config)
-    model.save_pretrained(folder)
+    return GPT2LMHeadModel(config)
+
+
+def _write_model(spec: AssetSpec, folder: Path) -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    build_model(spec).save_pretrained(folder)
     missing = [name for name in MODEL_FILENAMES if not (folder / name).is_file()]
     if missing:
         raise RuntimeError(f"save_pretrained did not write {', '.join(missing)}")
