@@ -82,6 +82,30 @@ def test_two_accelerate_processes_through_two_rounds(
     assert summary["rounds"][-1]["mean_loss"] < summary["rounds"][0]["mean_loss"]
 
 
+def test_processes_accelerate_does_not_join_are_refused(
+    assets_dir: Path, tmp_path: Path, short_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """FSDP with use_cpu on a machine without CUDA: accelerate leaves each of the two
+    launched processes on its own, and each would act as rank 0 towards the bridge."""
+    config = (REPO / "accelerate-configs" / "fsdp.yaml").read_text()
+    fsdp_on_cpu = tmp_path / "fsdp-cpu.yaml"
+    fsdp_on_cpu.write_text(
+        config.replace("use_cpu: false", "use_cpu: true").replace("bf16", '"no"')
+    )
+    entry = ExecutorEntry(
+        sys.executable,
+        ("-m", "hypha.accelerate_executor.launcher", "--accelerate-config", str(fsdp_on_cpu),
+         "--num-processes", "2", "--socket", "{SOCKET_PATH}", "--work-dir", "{WORK_DIR}",
+         "--job", "{JOB_JSON}"),
+    )  # fmt: skip
+    options = RunOptions(workers=1, rounds=2, steps_per_round=4)
+    run_demo(options, entry, out_dir=tmp_path / "out", work_base=short_tmp, assets_dir=assets_dir)
+    output = "".join(capfd.readouterr())
+    assert summary_of(tmp_path / "out")["workers"]["w1"]["exit_code"] != 0
+    assert "2 processes were launched but accelerate set up 1" in output
+    assert "batches after ScheduleUpdate" not in output  # stopped before training
+
+
 @contextmanager
 def one_job(
     assets_dir: Path, work_dir: Path, workers: int = 1

@@ -7,6 +7,7 @@ collectives in the same order and none can deadlock.
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -14,6 +15,8 @@ import torch
 import torch.distributed as dist
 from accelerate import Accelerator
 from accelerate.utils import DistributedType
+
+from hypha.accelerate_executor.errors import ExecutorError
 
 T = TypeVar("T")
 
@@ -26,6 +29,15 @@ class Ranks:
         self.index = accelerator.process_index
         self.count = accelerator.num_processes
         self.is_main = self.index == 0
+        launched = int(os.environ.get("WORLD_SIZE", "1"))
+        if launched != self.count:
+            # Every process would think it is rank 0 and send its own pseudo-gradient, which
+            # makes the parameter server average early and corrupts the round.
+            raise ExecutorError(
+                f"{launched} processes were launched but accelerate set up {self.count} "
+                f"(distributed type {accelerator.distributed_type.value}); check the accelerate "
+                "config: FSDP and DeepSpeed need GPUs, on CPU use multi-cpu"
+            )
         self._group: Any = None
         if self.count > 1:
             # Decisions travel over gloo on the CPU, never queued behind GPU work.
