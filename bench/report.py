@@ -83,7 +83,7 @@ def data_path_rows(results: list[DataPathResult], train_steps_per_s: float | Non
             "data path",
             f"{r.slice}, batch {r.batch_size}",
             f"{_count(r.executor_batches_per_s)} batches/s",
-            f"{_count(r.naive_batches_per_s)} per-sample+stack",
+            f"{_count(r.naive_batches_per_s)} per-sample+collate",
             r.speedup,
             DATA_PATH_TARGET,
         )
