@@ -9,11 +9,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
 
+from hypha.accelerate_executor import bridge
 from hypha.accelerate_executor.bridge import BridgeClient
 from hypha.accelerate_executor.errors import BridgeError, BridgeGoneError, UnsafePathError
 from hypha.accelerate_executor.job import PeersReference, SchedulerReference
@@ -57,6 +59,87 @@ def scripted_bridge(tmp_path: Path) -> Iterator[Callable[[Callable[[str, bytes],
     for server in servers:
         server.shutdown()
         server.server_close()
+
+
+@dataclass
+class Seen:
+    connections: int = 0
+    requests: int = 0
+
+
+@pytest.fixture
+def kept_alive_bridge(tmp_path: Path) -> Iterator[Callable[[bool], tuple[Path, Seen]]]:
+    """An HTTP/1.1 bridge answering every status with Continue, counting connections and
+    requests; with hang_up it closes each connection after its answer without saying so."""
+    servers: list[_Server] = []
+
+    def start(hang_up: bool) -> tuple[Path, Seen]:
+        seen = Seen()
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def setup(self) -> None:
+                super().setup()
+                seen.connections += 1
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                seen.requests += 1
+                body = b'{"type": "Continue"}'
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                self.close_connection = hang_up
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        socket_path = tmp_path / "bridge.sock"
+        server = _Server(str(socket_path), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return socket_path, seen
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def test_requests_share_one_kept_alive_connection(kept_alive_bridge, tmp_path: Path) -> None:
+    socket_path, seen = kept_alive_bridge(False)
+    client = BridgeClient(socket_path, tmp_path)
+    answers = [client.status({"status": {"batch_size": 8}}) for _ in range(5)]
+    assert answers == [{"type": "Continue"}] * 5
+    assert (seen.connections, seen.requests) == (1, 5)
+
+
+def test_a_connection_the_bridge_closed_is_replaced_and_nothing_is_sent_twice(
+    kept_alive_bridge, tmp_path: Path
+) -> None:
+    socket_path, seen = kept_alive_bridge(True)
+    client = BridgeClient(socket_path, tmp_path)
+    for sent in range(1, 6):
+        assert client.status({"status": {"batch_size": 8}}) == {"type": "Continue"}
+        assert seen.requests == sent
+        time.sleep(0.2)  # the bridge's close reaches the client while the connection idles
+    assert seen.connections == 5
+
+
+def test_a_connection_idle_for_long_is_not_reused(
+    kept_alive_bridge, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    socket_path, seen = kept_alive_bridge(False)
+    monkeypatch.setattr(bridge, "REUSE_IDLE_S", 0.1)
+    client = BridgeClient(socket_path, tmp_path)
+    client.status({"status": {"batch_size": 8}})
+    client.status({"status": {"batch_size": 8}})
+    time.sleep(0.3)
+    client.status({"status": {"batch_size": 8}})
+    assert (seen.connections, seen.requests) == (2, 3)
 
 
 def json_reply(value: object, status: int = 200) -> Reply:

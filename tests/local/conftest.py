@@ -138,18 +138,20 @@ def make_coordinator(catalog: Catalog) -> Iterator[Callable[..., Coordinator]]:
 
 @pytest.fixture
 def make_bridge(short_dir: Path) -> Iterator[Callable[..., tuple[BridgeServer, dict[str, Any]]]]:
-    """Assigns a job of `coordinator` and serves its bridge in a fresh work dir."""
+    """Assigns a job of `coordinator` and serves its bridge in a fresh work dir; the bridge
+    reaches the coordinator over its TCP API (`tcp`) or by direct calls (`in-process`)."""
     bridges: list[BridgeServer] = []
 
     def make(
-        coordinator: Coordinator, name: str = "w1", **bridge_options: Any
+        coordinator: Coordinator, name: str = "w1", backend: str = "tcp", **bridge_options: Any
     ) -> tuple[BridgeServer, dict[str, Any]]:
         client = CoordinatorClient(coordinator.url)
         job = json.loads(client.request_job(name))
         work_dir = short_dir / name
         work_dir.mkdir()
+        reach = client.backend if backend == "tcp" else coordinator.backend
         bridge = BridgeServer(
-            work_dir, client.backend(job["job_id"]), name=f"{name} bridge", **bridge_options
+            work_dir, reach(job["job_id"]), name=f"{name} bridge", **bridge_options
         )
         bridge.start()
         bridges.append(bridge)

@@ -19,10 +19,11 @@ def mode(path: os.PathLike[str] | str) -> int:
     return stat.S_IMODE(os.stat(path).st_mode)
 
 
-@pytest.fixture
-def bridge(make_coordinator, make_bridge):
+@pytest.fixture(params=["tcp", "in-process"])
+def bridge(request, make_coordinator, make_bridge):
+    """The bridge must answer alike whichever way it reaches the coordinator."""
     coordinator = make_coordinator(workers=1, steps_per_round=4, lead=2)
-    bridge, job = make_bridge(coordinator, keepalive_s=0.2)
+    bridge, job = make_bridge(coordinator, backend=request.param, keepalive_s=0.2)
     return coordinator, bridge, job
 
 
@@ -148,12 +149,15 @@ def test_fetch_unknown_dataset_is_a_connector_error(bridge, connect):
     assert status == 500 and answer["error"] == "connector_error"
 
 
-def test_coordinator_gone_is_a_network_error(bridge, connect):
-    coordinator, server, _ = bridge
+def test_coordinator_gone_is_a_network_error(make_coordinator, make_bridge, connect):
+    coordinator = make_coordinator(workers=1)
+    server, _ = make_bridge(coordinator)
+    connection = connect(server.socket_path)
+    batch = {"status": {"batch_size": 8}}
+    # The bridge keeps its connection to the coordinator alive: stopping cuts it.
+    assert connection.post_json("/status/send", batch) == (200, {"type": "Continue"})
     coordinator.stop()
-    status, answer = connect(server.socket_path).post_json(
-        "/status/send", {"status": {"batch_size": 8}}
-    )
+    status, answer = connection.post_json("/status/send", batch)
     assert status == 500 and answer["error"] == "network_error"
 
 
@@ -251,6 +255,27 @@ def test_body_over_2_mib_is_a_plain_413(bridge, connect):
     )
     response = connection.getresponse()
     assert (response.status, json.loads(response.read())) == (200, {"type": "Continue"})
+
+
+def test_expect_100_continue_is_answered_before_the_body(bridge):
+    _, server, _ = bridge
+    body = json.dumps({"status": {"batch_size": 8}}).encode()
+    head = (
+        "POST /status/send HTTP/1.1\r\nHost: hypha\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nExpect: 100-continue\r\n\r\n"
+    )
+    with socket.socket(socket.AF_UNIX) as client:
+        client.settimeout(10)
+        client.connect(str(server.socket_path))
+        client.sendall(head.encode())
+        assert client.recv(4096).startswith(b"HTTP/1.1 100 Continue\r\n")
+        client.sendall(body)
+        answer = b""
+        while not answer.endswith(b'{"type": "Continue"}'):
+            chunk = client.recv(4096)
+            assert chunk, answer
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
 
 
 def test_unknown_route_and_wrong_method(bridge, connect):
@@ -361,6 +386,18 @@ def test_send_push_and_receive_stream(bridge, connect, receive):
     assert not server.socket_path.exists()
     with pytest.raises(OSError), socket.socket(socket.AF_UNIX) as client:
         client.connect(str(server.socket_path))
+
+
+def test_the_stream_head_comes_at_once_not_with_the_first_keepalive(
+    make_coordinator, make_bridge, receive
+):
+    coordinator = make_coordinator(workers=1)
+    server, job = make_bridge(coordinator, keepalive_s=60.0)
+    # receive() gives up after 10 s: far less than the first keepalive.
+    status, content_type, _ = receive(
+        server.socket_path, {"resource": job["executor"]["config"]["results"]}
+    )
+    assert (status, content_type) == (200, "text/event-stream")
 
 
 def test_push_without_an_open_stream_is_written_but_not_announced(bridge, connect, receive):

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import http.client
 import json
+import select
 import socket
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,6 +28,9 @@ STREAM_SILENCE_LIMIT_S = 15.0
 REQUEST_TIMEOUT_S = 60.0
 # A fetch downloads model weights: allow it time, but never forever.
 FETCH_TIMEOUT_S = 3600.0
+# A connection idle for longer is not reused (see BridgeClient._acquire); well under any
+# server's idle timeout, well over a training step.
+REUSE_IDLE_S = 2.0
 
 _CONNECTION_LOST = (ConnectionError, FileNotFoundError, http.client.RemoteDisconnected)
 
@@ -58,6 +64,14 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
+def _readable(sock: socket.socket) -> bool:
+    """True when an idle kept-alive connection has something to read: the bridge closed it
+    (or sent what nobody asked for), so it cannot carry another request."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(0))
+
+
 def _wire(reference: Reference) -> dict[str, Any]:
     return reference.model_dump(mode="json", by_alias=True)
 
@@ -66,6 +80,8 @@ class BridgeClient:
     def __init__(self, socket_path: Path, work_dir: Path) -> None:
         self.socket_path = socket_path
         self.work_dir = work_dir
+        self._idle: list[tuple[_UnixHTTPConnection, float]] = []  # with when it went idle
+        self._idle_lock = threading.Lock()
 
     def fetch(self, reference: Reference) -> list[BridgeFile]:
         """Asks the bridge to place the referenced files under artifacts/; returns them."""
@@ -151,16 +167,57 @@ class BridgeClient:
     def _post_json(self, route: str, payload: Any, timeout: float) -> Any:
         # allow_nan=False: the bridge refuses NaN/Infinity, better to fail here, clearly.
         body = json.dumps(payload, allow_nan=False).encode()
-        connection = _UnixHTTPConnection(self.socket_path, timeout)
-        try:
-            with self._reaching(route, timeout):
-                response = self._exchange(connection, route, body)
-                data = response.read()
-        finally:
-            connection.close()
-        if response.status != 200:
-            self._raise_for(route, response.status, data)
+        with self._reaching(route, timeout):
+            status, data = self._round_trip(route, body, timeout)
+        if status != 200:
+            self._raise_for(route, status, data)
         return json.loads(data) if data.strip() else None
+
+    def _round_trip(self, route: str, body: bytes, timeout: float) -> tuple[int, bytes]:
+        """One request on a kept-alive connection: a `status` goes out after every batch,
+        and a new connection each time costs the bridge more than answering it."""
+        connection, reused = self._acquire(timeout)
+        headers = {"Content-Type": "application/json"}
+        try:
+            try:
+                connection.request("POST", route, body=body, headers=headers)
+            except _CONNECTION_LOST:
+                if not reused:
+                    raise
+                # The bridge closed the idle connection just before this request went out (a
+                # Unix socket refuses the write at once), so it never read it: sent again,
+                # once, on a new connection. Never after the request went out: a `send` or a
+                # `status` the bridge may have acted on must not reach it twice.
+                connection.close()
+                connection = _UnixHTTPConnection(self.socket_path, timeout)
+                connection.request("POST", route, body=body, headers=headers)
+            response = connection.getresponse()
+            data = response.read()
+        except BaseException:
+            connection.close()
+            raise
+        # http.client drops the socket itself when the bridge said it would close.
+        if connection.sock is not None:
+            with self._idle_lock:
+                self._idle.append((connection, time.monotonic()))
+        return response.status, data
+
+    def _acquire(self, timeout: float) -> tuple[_UnixHTTPConnection, bool]:
+        """A recently used connection the bridge has not closed, or a new one; and which it is.
+
+        Only recent ones: a server closes connections that have been idle for a while, and
+        one closing just as a request arrives leaves it unknown whether the request was acted
+        on, so it could not be sent again. Statuses come every step; rounds are far apart."""
+        while True:
+            with self._idle_lock:
+                connection, idle_since = self._idle.pop() if self._idle else (None, 0.0)
+            if connection is None:
+                return _UnixHTTPConnection(self.socket_path, timeout), False
+            recent = time.monotonic() - idle_since < REUSE_IDLE_S
+            if recent and connection.sock is not None and not _readable(connection.sock):
+                connection.sock.settimeout(timeout)
+                return connection, True
+            connection.close()
 
     @staticmethod
     def _exchange(

@@ -7,7 +7,12 @@ from __future__ import annotations
 
 import http.client
 import json
+import select
+import socket
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, BinaryIO
 from urllib.parse import quote, urlsplit
 
@@ -24,7 +29,31 @@ class CoordinatorError(Exception):
     """The coordinator refused a request or could not be reached; one line for the user."""
 
 
+def _readable(sock: socket.socket) -> bool:
+    """True when an idle kept-alive connection has something to read: the coordinator
+    closed it (or sent what nobody asked for), so it cannot carry another request."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+def _backend_error(status: int, raw: bytes) -> BackendError:
+    kind: ErrorKind = "connector_error"
+    detail = f"coordinator answered {status}"
+    try:
+        error = json.loads(raw)
+        detail = str(error["detail"])
+        if error["error"] in ERROR_KINDS:
+            kind = error["error"]
+    except (ValueError, KeyError, TypeError):
+        pass
+    return BackendError(kind, detail)
+
+
 class CoordinatorClient:
+    """Keeps its connections alive: a bridge reports every training step through here, and
+    a new TCP connection (and a new server thread) per report costs more CPU than the report."""
+
     def __init__(self, url: str, timeout_s: float = 30.0) -> None:
         parts = urlsplit(url if "://" in url else f"http://{url}")
         if parts.scheme != "http" or not parts.hostname:
@@ -33,7 +62,10 @@ class CoordinatorClient:
         self._host = parts.hostname
         self._port = parts.port or 80
         self.timeout_s = timeout_s
+        self._idle: list[http.client.HTTPConnection] = []
+        self._idle_lock = threading.Lock()
 
+    @contextmanager
     def request(
         self,
         method: str,
@@ -41,38 +73,72 @@ class CoordinatorClient:
         body: bytes | None = None,
         content_type: str = "application/json",
         timeout_s: float | None = None,
-    ) -> http.client.HTTPResponse:
-        """Sends one request on a fresh connection; the caller reads (and so closes) the answer.
+    ) -> Iterator[http.client.HTTPResponse]:
+        """Sends one request; the caller reads the answer inside the `with` block.
 
         Raises BackendError(network_error) when the coordinator cannot be reached, and
         BackendError with the coordinator's kind when it answers an error.
         """
-        connection = http.client.HTTPConnection(
-            self._host, self._port, timeout=timeout_s or self.timeout_s
-        )
-        headers = {"Content-Type": content_type} if body is not None else {}
+        timeout = timeout_s or self.timeout_s
+        connection, response = self._exchange(method, path, body, content_type, timeout)
         try:
-            connection.request(method, path, body=body, headers=headers)
-            response = connection.getresponse()
+            if response.status >= 400:
+                raise _backend_error(response.status, response.read())
+            yield response
+        except BaseException:
+            # An answer left half read would be taken for the next request's answer.
+            if not response.isclosed():
+                connection.close()
+            raise
+        finally:
+            self._release(connection, response)
+
+    def _exchange(
+        self, method: str, path: str, body: bytes | None, content_type: str, timeout: float
+    ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        headers = {"Content-Type": content_type} if body is not None else {}
+        connection, reused = self._acquire(timeout)
+        try:
+            try:
+                connection.request(method, path, body=body, headers=headers)
+                return connection, connection.getresponse()
+            except ConnectionError:  # http.client.RemoteDisconnected included
+                if not reused:
+                    raise
+                # Cut between the check and the request (the coordinator stopping): once more
+                # on a new connection, which tells a coordinator that is gone for good.
+                connection.close()
+                connection = http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+                connection.request(method, path, body=body, headers=headers)
+                return connection, connection.getresponse()
         except (OSError, http.client.HTTPException) as exc:
             connection.close()
             raise BackendError(
                 "network_error", f"coordinator at {self.url} unreachable: {exc}"
             ) from None
-        if response.status >= 400:
-            raw = response.read()
+
+    def _acquire(self, timeout: float) -> tuple[http.client.HTTPConnection, bool]:
+        """An idle connection the coordinator has not closed, or a new one; and which it is."""
+        while True:
+            with self._idle_lock:
+                connection = self._idle.pop() if self._idle else None
+            if connection is None:
+                return http.client.HTTPConnection(self._host, self._port, timeout=timeout), False
+            if connection.sock is not None and not _readable(connection.sock):
+                connection.sock.settimeout(timeout)
+                connection.timeout = timeout
+                return connection, True
             connection.close()
-            kind: ErrorKind = "connector_error"
-            detail = f"coordinator answered {response.status}"
-            try:
-                error = json.loads(raw)
-                detail = str(error["detail"])
-                if error["error"] in ERROR_KINDS:
-                    kind = error["error"]
-            except (ValueError, KeyError, TypeError):
-                pass
-            raise BackendError(kind, detail)
-        return response
+
+    def _release(
+        self, connection: http.client.HTTPConnection, response: http.client.HTTPResponse
+    ) -> None:
+        # http.client drops its socket itself when the answer said it would close.
+        if response.isclosed() and connection.sock is not None:
+            with self._idle_lock:
+                self._idle.append(connection)
+        else:
+            connection.close()
 
     def call(self, method: str, path: str, payload: Any = None) -> Any:
         body = None if payload is None else json.dumps(payload).encode()

@@ -19,6 +19,7 @@ import sys
 import threading
 import tomllib
 import uuid
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -336,8 +337,14 @@ def _delete_tree(directory: Path) -> list[str]:
     return failed
 
 
-def serve_one_job(client: CoordinatorClient, worker: LocalWorker) -> int:
-    """Asks the coordinator for a job, runs it (cancelling it if the coordinator does), reports the end."""
+def serve_one_job(
+    client: CoordinatorClient,
+    worker: LocalWorker,
+    backend: Callable[[str], BridgeBackend] | None = None,
+) -> int:
+    """Asks the coordinator for a job, runs it (cancelling it if the coordinator does), reports
+    the end. The job's bridge reaches the coordinator through `backend(job_id)`, by default
+    over the client's TCP API."""
     job_json = client.request_job(worker.name)
     job_id = json.loads(job_json)["job_id"]
     finished = threading.Event()
@@ -346,7 +353,7 @@ def serve_one_job(client: CoordinatorClient, worker: LocalWorker) -> int:
     )
     watcher.start()
     try:
-        result = worker.run(job_json, client.backend(job_id))
+        result = worker.run(job_json, (backend or client.backend)(job_id))
     except WorkerError:
         _report_exit(client, worker, job_id, 1, [])
         raise
