@@ -10,7 +10,8 @@ for the parameter server. The baseline is one
 Each model runs with fp32 pseudo-gradients (the default) and, where asked, bf16 ones
 (`--pseudo-gradient-dtype bfloat16`), against the same fp32 baseline.
 
-The bridge and the coordinator run in a process of their own, as the worker does: in
+The bridge and the coordinator run in a process of their own, as the worker does (the
+bridge calls the coordinator directly, as the inner-loop benchmark's does): in
 this one, their copies of every file (hundreds of MB per round at 100M parameters)
 would churn the memory the worker side allocates from and slow it down unfairly.
 """
@@ -40,7 +41,6 @@ from hypha.accelerate_executor.job import Job, parse_job
 from hypha.accelerate_executor.local.assets import ensure_assets
 from hypha.accelerate_executor.local.bridge_server import SOCKET_NAME, BridgeServer
 from hypha.accelerate_executor.local.coordinator import Catalog, Coordinator, RunOptions
-from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
 from hypha.accelerate_executor.progress import expect
 from hypha.accelerate_executor.sync import PARTS as SYNC_PARTS
 from hypha.accelerate_executor.sync import Synchroniser
@@ -114,7 +114,7 @@ def serve_hypha_side(work_dir: str, rounds: int, connection: Connection) -> None
         catalog = Catalog.from_assets(ensure_assets())  # it must have data; none is fetched
         with Coordinator(catalog, options, name="bench-coordinator") as coordinator:
             job = coordinator.assign_job("bench-worker")
-            backend = CoordinatorClient(coordinator.url).backend(job["job_id"])
+            backend = coordinator.backend(job["job_id"])  # as in the inner-loop bench
             with BridgeServer(Path(work_dir), backend, name="bench-bridge"):
                 connection.send(("job", json.dumps(job)))
                 with contextlib.suppress(EOFError):  # EOF: the parent is gone, stop too
