@@ -19,7 +19,6 @@ from hypha.accelerate_executor import bridge
 from hypha.accelerate_executor.bridge import BridgeClient
 from hypha.accelerate_executor.errors import BridgeError, BridgeGoneError, UnsafePathError
 from hypha.accelerate_executor.job import PeersReference, SchedulerReference
-from hypha.accelerate_executor.progress import StatusReporter
 
 Reply = tuple[int, str, bytes]  # status, content type, body
 PEERS = PeersReference.model_validate({"type": "peers", "peers": [], "strategy": {"type": "All"}})
@@ -145,40 +144,6 @@ def test_a_connection_idle_for_long_is_not_reused(
 
 def json_reply(value: object, status: int = 200) -> Reply:
     return status, "application/json", json.dumps(value).encode()
-
-
-def test_a_started_status_is_answered_later_and_in_order(scripted_bridge, tmp_path: Path) -> None:
-    release = threading.Event()
-    counters = iter(range(1, 100))
-
-    def answer(route: str, body: bytes) -> Reply:
-        release.wait(10)
-        return json_reply({"type": "ScheduleUpdate", "counter": next(counters)})
-
-    client = BridgeClient(scripted_bridge(answer), tmp_path)
-    reporter = StatusReporter(client)
-    reporter.batch_done(8)  # sent at once
-    reporter.batch_done(8)  # the first answer has not come: held back
-    assert reporter.answers() == []
-    release.set()
-    answers = reporter.flush()  # the first answer, then the held-back batch, answered
-    assert [(a.answer["counter"], a.batches_reported) for a in answers] == [(1, 1), (2, 2)]
-
-
-def test_a_status_never_answered_ends_in_bridge_gone(
-    scripted_bridge, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(bridge, "REQUEST_TIMEOUT_S", 0.3)
-    hang = threading.Event()
-    client = BridgeClient(
-        scripted_bridge(lambda route, body: (hang.wait(5), json_reply({}))[1]), tmp_path
-    )
-    reporter = StatusReporter(client)
-    reporter.batch_done(8)
-    time.sleep(0.5)  # past the deadline: the next step reads, and fails, instead of waiting
-    with pytest.raises(BridgeGoneError, match="did not answer /status/send"):
-        reporter.batch_done(8)
-    hang.set()
 
 
 @pytest.mark.parametrize(

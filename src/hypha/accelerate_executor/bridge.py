@@ -31,7 +31,6 @@ FETCH_TIMEOUT_S = 3600.0
 # A connection idle for longer is not reused (see BridgeClient._acquire); well under any
 # server's idle timeout, well over a training step.
 REUSE_IDLE_S = 2.0
-STATUS_ROUTE = "/status/send"
 
 _CONNECTION_LOST = (ConnectionError, FileNotFoundError, http.client.RemoteDisconnected)
 
@@ -73,25 +72,6 @@ def _readable(sock: socket.socket) -> bool:
     return bool(poller.poll(0))
 
 
-def _encode(payload: Any) -> bytes:
-    # allow_nan=False: the bridge refuses NaN/Infinity, better to fail here, clearly.
-    return json.dumps(payload, allow_nan=False).encode()
-
-
-@dataclass(frozen=True)
-class PendingStatus:
-    """A `status` sent whose answer has not been read yet."""
-
-    connection: _UnixHTTPConnection
-    deadline: float  # time.monotonic() by which the answer must have come
-
-    def ready(self) -> bool:
-        """True once reading the answer will not wait: it has come, the connection is gone,
-        or the deadline has passed (reading it then fails)."""
-        sock = self.connection.sock
-        return sock is None or _readable(sock) or time.monotonic() > self.deadline
-
-
 def _wire(reference: Reference) -> dict[str, Any]:
     return reference.model_dump(mode="json", by_alias=True)
 
@@ -118,25 +98,10 @@ class BridgeClient:
 
     def status(self, progress: Any) -> dict[str, Any]:
         """Sends a Progress message; returns the scheduler's answer."""
-        return self.status_answer(self.start_status(progress))
-
-    def start_status(self, progress: Any) -> PendingStatus:
-        """Sends a Progress message without waiting for the answer (see status_answer)."""
-        with self._reaching(STATUS_ROUTE, REQUEST_TIMEOUT_S):
-            connection = self._send_request(STATUS_ROUTE, _encode(progress), REQUEST_TIMEOUT_S)
-        return PendingStatus(connection, time.monotonic() + REQUEST_TIMEOUT_S)
-
-    def status_answer(self, pending: PendingStatus) -> dict[str, Any]:
-        """The scheduler's answer to a started status, waiting for it if it has not come."""
-        connection = pending.connection
-        if connection.sock is not None:
-            connection.sock.settimeout(max(pending.deadline - time.monotonic(), 0.001))
-        with self._reaching(STATUS_ROUTE, REQUEST_TIMEOUT_S):
-            status, data = self._read_answer(connection)
-        answer = self._parsed(STATUS_ROUTE, status, data)
+        answer = self._post_json("/status/send", progress, REQUEST_TIMEOUT_S)
         if not isinstance(answer, dict) or "type" not in answer:
             raise BridgeError(
-                STATUS_ROUTE, 200, "bad_answer", f"not a scheduler answer: {answer!r}"
+                "/status/send", 200, "bad_answer", f"not a scheduler answer: {answer!r}"
             )
         return answer
 
@@ -200,14 +165,17 @@ class BridgeClient:
         return resolve_in_work_dir(self.work_dir, entry["path"]), int(entry.get("size", 0))
 
     def _post_json(self, route: str, payload: Any, timeout: float) -> Any:
+        # allow_nan=False: the bridge refuses NaN/Infinity, better to fail here, clearly.
+        body = json.dumps(payload, allow_nan=False).encode()
         with self._reaching(route, timeout):
-            connection = self._send_request(route, _encode(payload), timeout)
-            status, data = self._read_answer(connection)
-        return self._parsed(route, status, data)
+            status, data = self._round_trip(route, body, timeout)
+        if status != 200:
+            self._raise_for(route, status, data)
+        return json.loads(data) if data.strip() else None
 
-    def _send_request(self, route: str, body: bytes, timeout: float) -> _UnixHTTPConnection:
-        """Sends one request on a kept-alive connection: a `status` goes out after every
-        batch, and a new connection each time costs the bridge more than answering it."""
+    def _round_trip(self, route: str, body: bytes, timeout: float) -> tuple[int, bytes]:
+        """One request on a kept-alive connection: a `status` goes out after every batch,
+        and a new connection each time costs the bridge more than answering it."""
         connection, reused = self._acquire(timeout)
         headers = {"Content-Type": "application/json"}
         try:
@@ -223,14 +191,6 @@ class BridgeClient:
                 connection.close()
                 connection = _UnixHTTPConnection(self.socket_path, timeout)
                 connection.request("POST", route, body=body, headers=headers)
-        except BaseException:
-            connection.close()
-            raise
-        return connection
-
-    def _read_answer(self, connection: _UnixHTTPConnection) -> tuple[int, bytes]:
-        """The answer to the request sent on `connection`, which then goes back to the pool."""
-        try:
             response = connection.getresponse()
             data = response.read()
         except BaseException:
@@ -241,11 +201,6 @@ class BridgeClient:
             with self._idle_lock:
                 self._idle.append((connection, time.monotonic()))
         return response.status, data
-
-    def _parsed(self, route: str, status: int, data: bytes) -> Any:
-        if status != 200:
-            self._raise_for(route, status, data)
-        return json.loads(data) if data.strip() else None
 
     def _acquire(self, timeout: float) -> tuple[_UnixHTTPConnection, bool]:
         """A recently used connection the bridge has not closed, or a new one; and which it is.

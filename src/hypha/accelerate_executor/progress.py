@@ -1,9 +1,9 @@
 """Talking to the scheduler without stalling the training step (rank 0 only).
 
-StatusReporter sends the per-batch `status` messages without waiting for their answers,
-which the step loop picks up once they have come, so an answer may be seen a step late.
-UpdateInbox holds the job's one receive stream open from start to end and queues the
-files the parameter server pushes.
+StatusReporter sends the per-batch `status` messages from a background thread; the
+step loop picks up the answers whenever they have arrived, so an answer may be seen a
+step late. UpdateInbox holds the job's one receive stream open from start to end and
+queues the files the parameter server pushes.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from hypha.accelerate_executor.bridge import BridgeClient, PendingStatus, ReceivedFile
+from hypha.accelerate_executor.bridge import BridgeClient, ReceivedFile
 from hypha.accelerate_executor.errors import BridgeGoneError, ExecutorError, SchedulerError
 from hypha.accelerate_executor.job import PeersReference
 
@@ -27,54 +27,71 @@ class StatusAnswer:
 
 
 class StatusReporter:
-    """Sends a `status` after every batch without waiting for its answer: the request goes
-    out at once and the answer is read at a later step, once it has come. No thread: one
-    would take the interpreter from the step loop every step, to do less than this does.
-    While an answer is outstanding, further batches are counted and go out together in the
-    next message."""
-
     def __init__(self, bridge: BridgeClient) -> None:
         self._bridge = bridge
-        self._pending: PendingStatus | None = None
-        self._pending_batches = 0  # batches trained when the pending status was sent
+        self._lock = threading.Condition()
         self._unreported_samples = 0
         self._batches = 0
+        self._in_flight = False
         self._answers: list[StatusAnswer] = []
+        self._failure: ExecutorError | None = None
+        self._closed = False
+        threading.Thread(target=self._send_loop, name="hypha-status", daemon=True).start()
 
     def batch_done(self, samples: int) -> None:
-        self._unreported_samples += samples
-        self._batches += 1
-        self._advance(wait=False)
+        with self._lock:
+            self._unreported_samples += samples
+            self._batches += 1
+            self._lock.notify_all()
 
     def answers(self) -> list[StatusAnswer]:
-        """The answers that came since the last call, without waiting."""
-        self._advance(wait=False)
-        return self._take_answers()
+        """The answers that arrived since the last call, without waiting."""
+        with self._lock:
+            return self._take_answers()
 
     def flush(self) -> list[StatusAnswer]:
         """Waits until every batch is reported and answered; returns the answers."""
-        while self._pending is not None or self._unreported_samples:
-            self._advance(wait=True)
-        return self._take_answers()
+        with self._lock:
+            self._lock.wait_for(
+                lambda: (
+                    self._failure is not None
+                    or (not self._in_flight and self._unreported_samples == 0)
+                )
+            )
+            return self._take_answers()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._lock.notify_all()
 
     def _take_answers(self) -> list[StatusAnswer]:
+        if self._failure is not None:
+            raise self._failure
         answers, self._answers = self._answers, []
         return answers
 
-    def _advance(self, wait: bool) -> None:
-        """Reads the pending answer if it has come (or waits for it), then sends what is
-        unreported."""
-        if self._pending is not None:
-            if not wait and not self._pending.ready():
+    def _send_loop(self) -> None:
+        while True:
+            with self._lock:
+                self._lock.wait_for(lambda: self._closed or self._unreported_samples > 0)
+                if self._closed:
+                    return
+                # When the bridge is slower than a step, pending batches go out as one message.
+                samples, self._unreported_samples = self._unreported_samples, 0
+                batches = self._batches
+                self._in_flight = True
+            try:
+                answer = self._bridge.status({"status": {"batch_size": samples}})
+            except ExecutorError as exc:
+                with self._lock:
+                    self._failure, self._in_flight = exc, False
+                    self._lock.notify_all()
                 return
-            answer = self._bridge.status_answer(self._pending)
-            self._answers.append(StatusAnswer(answer, self._pending_batches))
-            self._pending = None
-        if self._unreported_samples:
-            progress = {"status": {"batch_size": self._unreported_samples}}
-            self._pending = self._bridge.start_status(progress)
-            self._pending_batches = self._batches
-            self._unreported_samples = 0
+            with self._lock:
+                self._answers.append(StatusAnswer(answer, batches))
+                self._in_flight = False
+                self._lock.notify_all()
 
 
 def expect(answer: Answer, *allowed: str, sent: str) -> str:

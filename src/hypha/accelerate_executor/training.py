@@ -139,6 +139,8 @@ class Trainer:
             self.ranks.finish()
         finally:
             self.data.close()
+            if self.reporter is not None:
+                self.reporter.close()
 
     def inner_steps(self) -> RoundStats | None:
         """Trains until the scheduler's ScheduleUpdate counter runs out; None if it said Done."""
