@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
 if __name__ == "__main__" and not __package__:
     # `python bench/run.py` puts bench/ first on sys.path; the `bench` package needs its parent.
@@ -37,6 +37,7 @@ from bench.errors import BenchError
 from bench.models import DEMO, HUGE_100M, LARGE_32M, MEDIUM_10M, MICRO, SMALL_1M, Shape
 from bench.timing import machine_cpu_seconds, own_cpu_seconds
 from hypha.accelerate_executor.local.coordinator import RunOptions
+from hypha.accelerate_executor.training import OneLineArgumentParser
 
 BENCHMARKS = ("inner", "data", "sync", "pseudo")
 # A load average above this at the start is worth a warning before anything runs.
@@ -92,12 +93,6 @@ SIZES = {
         demo=RunOptions(workers=2, rounds=2, steps_per_round=3),
     ),
 }
-
-
-class OneLineArgumentParser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        print(f"{self.prog}: {message}", file=sys.stderr)
-        sys.exit(2)
 
 
 def parse_arguments(argv: list[str]) -> argparse.Namespace:

@@ -182,7 +182,7 @@ class BridgeServer:
         # Lets the stream write its last chunk before its connection is cut.
         self._stream_ended.wait(2.0)
         self._accepting.stop()
-        server.connections.cut()
+        server.cut_connections()
         server.server_close()
         for thread in [self._poller, *self._senders]:
             thread.join(10.0)
@@ -393,25 +393,30 @@ class BridgeServer:
             stream.put({"path": rel, "size": size, "from_peer": push.from_peer})
 
 
-class OpenConnections:
-    """The connections a threading HTTP server has open. Stopping the server stops only
-    its accept loop; kept-alive connections would go on being served until cut here."""
+class TracksConnections(socketserver.BaseServer):
+    """Mixed into a threading socketserver: remembers the connections it has open, because
+    stopping a server stops only its accept loop, and kept-alive connections would go on
+    being served until cut."""
 
-    def __init__(self) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self._open: set[socket.socket] = set()
-        self._lock = threading.Lock()
+        self._open_lock = threading.Lock()
 
-    def add(self, connection: socket.socket) -> None:
-        with self._lock:
+    def get_request(self) -> tuple[socket.socket, Any]:
+        connection, address = super().get_request()
+        with self._open_lock:
             self._open.add(connection)
+        return connection, address
 
-    def discard(self, connection: socket.socket) -> None:
-        with self._lock:
-            self._open.discard(connection)
+    def shutdown_request(self, request: Any) -> None:
+        with self._open_lock:
+            self._open.discard(request)
+        super().shutdown_request(request)
 
-    def cut(self) -> None:
+    def cut_connections(self) -> None:
         """Shuts every open connection down, so that its clients see the server go away."""
-        with self._lock:
+        with self._open_lock:
             connections = list(self._open)
         for connection in connections:
             with suppress(OSError):
@@ -456,23 +461,15 @@ class AcceptLoop:
                 server.shutdown_request(request)
 
 
-class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+class _UnixHTTPServer(
+    TracksConnections, socketserver.ThreadingMixIn, socketserver.UnixStreamServer
+):
     daemon_threads = True
     block_on_close = False
 
     def __init__(self, path: str, bridge: BridgeServer) -> None:
         super().__init__(path, _Handler, bind_and_activate=False)
         self.bridge = bridge
-        self.connections = OpenConnections()
-
-    def get_request(self) -> tuple[socket.socket, Any]:
-        connection, address = super().get_request()
-        self.connections.add(connection)
-        return connection, address
-
-    def shutdown_request(self, request: Any) -> None:
-        self.connections.discard(request)
-        super().shutdown_request(request)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # socketserver prints a traceback; a client that hung up is normal, the rest is one line.

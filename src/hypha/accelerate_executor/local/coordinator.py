@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import socket
 import sys
 import threading
 import time
@@ -42,9 +41,9 @@ from hypha.accelerate_executor.local.bridge_server import (
     ERROR_KINDS,
     AcceptLoop,
     BackendError,
-    OpenConnections,
     Push,
     RemoteFile,
+    TracksConnections,
 )
 from hypha.accelerate_executor.local.output import say, warn
 from hypha.accelerate_executor.local.parameter_server import NesterovOuterOptimizer
@@ -207,7 +206,7 @@ class Coordinator:
 
     def stop(self) -> None:
         self._accepting.stop()
-        self._server.connections.cut()
+        self._server.cut_connections()
         self._server.server_close()
 
     def __enter__(self) -> Coordinator:
@@ -655,22 +654,12 @@ class InProcessBackend:
             return self._coordinator.next_push(self._job_id, after, wait_s)
 
 
-class _Server(ThreadingHTTPServer):
+class _Server(TracksConnections, ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, address: tuple[str, int], coordinator: Coordinator) -> None:
         super().__init__(address, _Handler)
         self.coordinator = coordinator
-        self.connections = OpenConnections()
-
-    def get_request(self) -> tuple[socket.socket, Any]:
-        connection, address = super().get_request()
-        self.connections.add(connection)
-        return connection, address
-
-    def shutdown_request(self, request: Any) -> None:
-        self.connections.discard(request)
-        super().shutdown_request(request)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A bridge that stopped mid-poll is normal; anything else is one line, not a traceback.
