@@ -38,6 +38,16 @@ def summary_of(out_dir: Path) -> dict:
     return json.loads((out_dir / "summary.json").read_text())
 
 
+def launcher_entry(accelerate_config: str, processes: int) -> ExecutorEntry:
+    """The image's launcher: picks the config and runs accelerate's launch path."""
+    return ExecutorEntry(
+        sys.executable,
+        ("-m", "hypha.accelerate_executor.launcher", "--accelerate-config", accelerate_config,
+         "--num-processes", str(processes), "--socket", "{SOCKET_PATH}", "--work-dir", "{WORK_DIR}",
+         "--job", "{JOB_JSON}"),
+    )  # fmt: skip
+
+
 def test_two_workers_three_rounds_loss_falls(
     assets_dir: Path, tmp_path: Path, short_tmp: Path
 ) -> None:
@@ -63,13 +73,7 @@ def test_two_accelerate_processes_through_two_rounds(
 ) -> None:
     """accelerate launch with 2 CPU processes (gloo): only rank 0 talks to the bridge, both
     ranks take the same decisions, and the pseudo-gradient comes from the unwrapped model."""
-    # The image's launcher: picks multi-cpu.yaml and runs accelerate's torchrun path.
-    entry = ExecutorEntry(
-        sys.executable,
-        ("-m", "hypha.accelerate_executor.launcher", "--accelerate-config", "multi-cpu",
-         "--num-processes", "2", "--socket", "{SOCKET_PATH}", "--work-dir", "{WORK_DIR}",
-         "--job", "{JOB_JSON}"),
-    )  # fmt: skip
+    entry = launcher_entry("multi-cpu", 2)
     options = RunOptions(workers=1, rounds=2, steps_per_round=12)
     run_demo(options, entry, out_dir=tmp_path / "out", work_base=short_tmp, assets_dir=assets_dir)
     captured = capfd.readouterr()
@@ -79,6 +83,39 @@ def test_two_accelerate_processes_through_two_rounds(
     assert summary["workers"]["w1"]["exit_code"] == 0, output[-3000:]
     assert "batch 8 x 2 process(es)" in output
     assert output.count("round 2: done") == 1  # rank 0 alone speaks
+    assert summary["rounds"][-1]["mean_loss"] < summary["rounds"][0]["mean_loss"]
+
+
+def test_fsdp_config_without_gpus_trains_unsharded_and_says_so(
+    assets_dir: Path, tmp_path: Path, short_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    options = RunOptions(workers=1, rounds=2, steps_per_round=4)
+    entry = launcher_entry("fsdp", 1)
+    run_demo(options, entry, out_dir=tmp_path / "out", work_base=short_tmp, assets_dir=assets_dir)
+    output = "".join(capfd.readouterr())
+    assert summary_of(tmp_path / "out")["workers"]["w1"]["exit_code"] == 0, output[-3000:]
+    assert "warning: the accelerate config asks for FSDP, which needs GPUs: not sharded" in output
+
+
+@pytest.mark.parametrize("config", ["deepspeed-zero2", "deepspeed-zero3"])
+def test_deepspeed_configs_train_two_rounds(
+    config: str,
+    assets_dir: Path,
+    tmp_path: Path,
+    short_tmp: Path,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """The shipped DeepSpeed configs as they are (bf16), on one process: DeepSpeed runs on
+    the CPU, so the micro batch, the fp32 master weights and the update's load are real."""
+    entry = launcher_entry(config, 1)
+    options = RunOptions(workers=1, rounds=2, steps_per_round=12)
+    run_demo(options, entry, out_dir=tmp_path / "out", work_base=short_tmp, assets_dir=assets_dir)
+    output = "".join(capfd.readouterr())
+    summary = summary_of(tmp_path / "out")
+    assert summary["workers"]["w1"]["exit_code"] == 0, output[-3000:]
+    assert "0.47M parameters" in output  # counted even where ZeRO-3 partitioned them
+    assert "distributed type DEEPSPEED, mixed precision bf16" in output
+    assert "round 2: done" in output and "FutureWarning" not in output
     assert summary["rounds"][-1]["mean_loss"] < summary["rounds"][0]["mean_loss"]
 
 
@@ -92,12 +129,7 @@ def test_processes_accelerate_does_not_join_are_refused(
     fsdp_on_cpu.write_text(
         config.replace("use_cpu: false", "use_cpu: true").replace("bf16", '"no"')
     )
-    entry = ExecutorEntry(
-        sys.executable,
-        ("-m", "hypha.accelerate_executor.launcher", "--accelerate-config", str(fsdp_on_cpu),
-         "--num-processes", "2", "--socket", "{SOCKET_PATH}", "--work-dir", "{WORK_DIR}",
-         "--job", "{JOB_JSON}"),
-    )  # fmt: skip
+    entry = launcher_entry(str(fsdp_on_cpu), 2)
     options = RunOptions(workers=1, rounds=2, steps_per_round=4)
     run_demo(options, entry, out_dir=tmp_path / "out", work_base=short_tmp, assets_dir=assets_dir)
     output = "".join(capfd.readouterr())

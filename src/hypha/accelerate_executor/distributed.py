@@ -79,7 +79,8 @@ class ModelWeights:
     Replicated models (one process, DDP) are read in place and loaded with copies into
     the live tensors (so the optimizer's state stays attached to them) and a broadcast.
     FSDP goes through torch.distributed.checkpoint's full-state-dict API. DeepSpeed reads
-    and writes the fp32 master weights, never a 16-bit gather.
+    the fp32 master weights, never a 16-bit gather, and loads both those and the model's
+    own (maybe 16-bit, maybe partitioned) copy.
     """
 
     def __init__(
@@ -90,7 +91,7 @@ class ModelWeights:
         self._module = accelerator.unwrap_model(model)
         self._aliases = names
         self._unique = [name for name, canonical in names.items() if name == canonical]
-        self._kind = accelerator.distributed_type
+        self._kind = _sharding(accelerator, model)
         self._is_main = accelerator.is_main_process
 
     @property
@@ -111,8 +112,9 @@ class ModelWeights:
     def load(self, weights: dict[str, torch.Tensor]) -> None:
         """Loads rank 0's `weights` (unique names) into the model on every rank, in place."""
         if self._kind == DistributedType.FSDP:
-            every_name = {name: weights[canonical] for name, canonical in self._aliases.items()}
-            self._fsdp_state(full=every_name if self._is_main else {})
+            if self._is_main:  # tied weights go in under every name they have
+                weights = {name: weights[canonical] for name, canonical in self._aliases.items()}
+            self._fsdp_state(full=weights)
         elif self._kind == DistributedType.DEEPSPEED:
             self._deepspeed_load(weights)
         else:
@@ -146,6 +148,7 @@ class ModelWeights:
         return state
 
     def _deepspeed_load(self, weights: dict[str, torch.Tensor]) -> None:
+        from deepspeed.runtime.zero import GatheredParameters
         from deepspeed.utils import safe_get_full_fp32_param, safe_set_full_fp32_param
 
         parameters = dict(self._module.named_parameters())
@@ -157,7 +160,22 @@ class ModelWeights:
                     value.copy_(weights[name])
                 dist.broadcast(value, src=0)
                 safe_set_full_fp32_param(parameters[name], value)
+                # The master copy alone would reach the model only at the next optimizer
+                # step: the round's first step would run on the old weights. Under ZeRO-3
+                # the context gathers the partitions and re-partitions rank 0's values.
+                with GatheredParameters([parameters[name]], modifier_rank=0):
+                    parameters[name].data.copy_(value)
             elif name in buffers:
                 if self._is_main:
                     buffers[name].copy_(weights[name])
                 dist.broadcast(buffers[name], src=0)
+
+
+def _sharding(accelerator: Accelerator, model: torch.nn.Module) -> DistributedType:
+    """How the weights are laid out: FSDP by the model itself (however it was wrapped), the
+    rest by accelerate's setup."""
+    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+
+    if isinstance(model, (FSDPModule, FullyShardedDataParallel)):
+        return DistributedType.FSDP
+    return accelerator.distributed_type

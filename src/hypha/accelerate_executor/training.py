@@ -17,6 +17,7 @@ import signal
 import sys
 import time
 import traceback
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -90,9 +91,14 @@ class Trainer:
         self.ranks.barrier()
         model = load_model(config.model.task, artifacts)
         names = canonical_names(model)
-        self.parameter_count = sum(p.numel() for p in model.parameters())
+        # Under ZeRO-3's init the parameters are already partitioned: numel() would be 0.
+        self.parameter_count = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
         optimizer = torch.optim.AdamW(model.parameters(), **adamw_arguments(job))
         self.lr_schedule = build_lr_schedule(optimizer, config.scheduler)
+        deepspeed = self.accelerator.state.deepspeed_plugin
+        if deepspeed is not None:
+            # accelerate takes DeepSpeed's micro batch from a dataloader, and there is none.
+            deepspeed.deepspeed_config["train_micro_batch_size_per_gpu"] = config.batch_size
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.model.train()
 
@@ -122,8 +128,14 @@ class Trainer:
         self.say(
             f"job {self.job.job_id}: {config.model.task}, {self.parameter_count / 1e6:.2f}M parameters, "
             f"batch {config.batch_size} x {self.ranks.count} process(es) on {self.accelerator.device}, "
+            f"distributed type {self.accelerator.distributed_type.value}, "
             f"mixed precision {self.accelerator.mixed_precision}"
         )
+        if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" and (
+            self.accelerator.distributed_type.value != "FSDP"
+        ):
+            # accelerate applies FSDP only on GPUs and says nothing when it does not.
+            self.say("warning: the accelerate config asks for FSDP, which needs GPUs: not sharded")
         try:
             for round_number in range(1, sys.maxsize):
                 stats = self.inner_steps()
@@ -313,6 +325,8 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _on_sigterm)
+    # DeepSpeed calls collectives that torch has deprecated, and the warning repeats every step.
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed")
     arguments = parse_arguments(sys.argv[1:] if argv is None else argv)
     try:
         job = parse_job(arguments.job)
