@@ -5,6 +5,7 @@ The checks are in sharding/model_weights_check.py."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -40,10 +41,8 @@ def test_fsdp2_weights_gather_and_load_across_two_processes() -> None:
     result = launch(
         REPO / "accelerate-configs" / "multi-cpu.yaml", 2, "fsdp2", ACCELERATE_USE_CPU="True"
     )
-    assert sorted(line for line in result.stdout.splitlines() if line.startswith("ok ")) == [
-        "ok 0",
-        "ok 1",
-    ]
+    # The two ranks share one stdout: their lines may run into each other.
+    assert sorted(re.findall(r"ok (\d)", result.stdout)) == ["0", "1"]
 
 
 @pytest.mark.parametrize("stage", [2, 3])
@@ -52,4 +51,4 @@ def test_deepspeed_weights_gather_and_load(stage: int, tmp_path: Path) -> None:
     # fp32: in bf16 the sharded forward could not be held to the fp32 reference's.
     config = tmp_path / "deepspeed.yaml"
     config.write_text(shipped.replace("mixed_precision: bf16", "mixed_precision: 'no'"))
-    assert "ok 0" in launch(config, 1, "deepspeed").stdout.splitlines()
+    assert re.findall(r"ok (\d)", launch(config, 1, "deepspeed").stdout) == ["0"]
