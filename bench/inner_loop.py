@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,8 @@ class InnerLoopResult:
     executor_rounds: list[float]  # samples/s of each timed round
     bare_rounds: list[list[float]]  # the same, before and after the executor
     stand_in_cpu_ms_per_step: float
+    # Every repeat's ratio, lowest first; this result is the median one's.
+    repeat_ratios: list[float] = field(default_factory=list)
 
     @property
     def executor_samples_per_s(self) -> float:
@@ -177,11 +179,19 @@ def measure(
 
 
 def run(
-    work_base: Path, cases: list[tuple[Shape, int]], rounds: int, timeout_s: float
+    work_base: Path, cases: list[tuple[Shape, int, int]], rounds: int, timeout_s: float
 ) -> list[InnerLoopResult]:
-    """`cases`: (model shape, steps per round). At least 2 rounds: the first is warm-up."""
+    """`cases`: (model shape, steps per round, repeats). At least 2 rounds: the first is
+    warm-up. Each repeat is a whole measurement, bare loops included; the one with the
+    median ratio is reported, since the machine's speed drifts by more than the gap sought."""
     if rounds < 2:
         raise BenchError("the inner-loop benchmark needs at least 2 rounds (the first is warm-up)")
+    results = []
     # The executor's and the coordinator's lines would break up the results table.
     with contextlib.redirect_stdout(sys.stderr):
-        return [measure(shape, steps, rounds, work_base, timeout_s) for shape, steps in cases]
+        for shape, steps, repeats in cases:
+            repeated = [measure(shape, steps, rounds, work_base, timeout_s) for _ in range(repeats)]
+            repeated.sort(key=lambda result: result.ratio)
+            median = repeated[len(repeated) // 2]
+            results.append(replace(median, repeat_ratios=[r.ratio for r in repeated]))
+    return results
