@@ -6,22 +6,17 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from hypha.accelerate_executor.launcher import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 CHECK = Path(__file__).parent / "sharding" / "model_weights_check.py"
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def launch(config: Path, processes: int, kind: str, **env: str) -> subprocess.CompletedProcess[str]:
