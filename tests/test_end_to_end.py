@@ -105,17 +105,20 @@ def test_deepspeed_configs_train_two_rounds(
     short_tmp: Path,
     capfd: pytest.CaptureFixture[str],
 ) -> None:
-    """The shipped DeepSpeed configs as they are (bf16), on one process: DeepSpeed runs on
-    the CPU, so the micro batch, the fp32 master weights and the update's load are real."""
-    entry = launcher_entry(config, 1)
+    """The shipped DeepSpeed configs as they are (bf16, two processes): DeepSpeed runs on the
+    CPU over gloo, so the micro batch, the sharded fp32 master weights and the update's load
+    across ranks are real."""
+    entry = launcher_entry(config, 2)
     options = RunOptions(workers=1, rounds=2, steps_per_round=12)
     run_demo(options, entry, out_dir=tmp_path / "out", work_base=short_tmp, assets_dir=assets_dir)
     output = "".join(capfd.readouterr())
     summary = summary_of(tmp_path / "out")
     assert summary["workers"]["w1"]["exit_code"] == 0, output[-3000:]
     assert "0.47M parameters" in output  # counted even where ZeRO-3 partitioned them
-    assert "distributed type DEEPSPEED, mixed precision bf16" in output
-    assert "round 2: done" in output and "FutureWarning" not in output
+    assert (
+        "batch 8 x 2 process(es) on cpu, distributed type DEEPSPEED, mixed precision bf16" in output
+    )
+    assert output.count("round 2: done") == 1 and "FutureWarning" not in output
     assert summary["rounds"][-1]["mean_loss"] < summary["rounds"][0]["mean_loss"]
 
 

@@ -18,7 +18,11 @@ import torch
 from accelerate import Accelerator
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from hypha.accelerate_executor.distributed import ModelWeights, canonical_names
+from hypha.accelerate_executor.distributed import (
+    ModelWeights,
+    canonical_names,
+    process_group_settings,
+)
 
 
 def tiny_gpt2() -> GPT2LMHeadModel:
@@ -39,7 +43,7 @@ def shard_with_fsdp2(model: GPT2LMHeadModel) -> None:
 
 
 def main(kind: str) -> None:
-    accelerator = Accelerator()
+    accelerator = Accelerator(kwargs_handlers=[process_group_settings()])  # the executor's
     reference = tiny_gpt2()
     model = tiny_gpt2()
     names = canonical_names(model)

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 from accelerate import Accelerator
-from accelerate.utils import DistributedType
+from accelerate.utils import DistributedType, InitProcessGroupKwargs
 
 from hypha.accelerate_executor.errors import ExecutorError
 
@@ -22,6 +22,19 @@ T = TypeVar("T")
 
 # Rank 0 may wait a long time for the slowest worker's update while the others wait on it.
 CONTROL_TIMEOUT = timedelta(hours=12)
+
+
+def process_group_settings() -> InitProcessGroupKwargs:
+    """accelerate's process-group settings: the long control timeout, and gloo for DeepSpeed
+    over several processes without a GPU, where accelerate names no backend and so sets up
+    a single process."""
+    if (
+        os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
+        and int(os.environ.get("WORLD_SIZE", "1")) > 1
+        and not torch.cuda.is_available()
+    ):
+        return InitProcessGroupKwargs(backend="gloo", timeout=CONTROL_TIMEOUT)
+    return InitProcessGroupKwargs(timeout=CONTROL_TIMEOUT)
 
 
 class Ranks:
@@ -36,7 +49,7 @@ class Ranks:
             raise ExecutorError(
                 f"{launched} processes were launched but accelerate set up {self.count} "
                 f"(distributed type {accelerator.distributed_type.value}); check the accelerate "
-                "config: FSDP and DeepSpeed need GPUs, on CPU use multi-cpu"
+                "config: FSDP needs GPUs, on CPU use multi-cpu"
             )
         self._group: Any = None
         if self.count > 1:

@@ -60,15 +60,14 @@ class Trainer:
         # Heavy imports here, once the job spec is known to be good.
         import torch
         from accelerate import Accelerator
-        from accelerate.utils import InitProcessGroupKwargs
 
         from hypha.accelerate_executor.bridge import BridgeClient
         from hypha.accelerate_executor.data import SliceStream, preprocessing
         from hypha.accelerate_executor.distributed import (
-            CONTROL_TIMEOUT,
             ModelWeights,
             Ranks,
             canonical_names,
+            process_group_settings,
         )
         from hypha.accelerate_executor.modeling import load_model, load_preprocessor
         from hypha.accelerate_executor.progress import StatusReporter
@@ -76,9 +75,7 @@ class Trainer:
 
         self.job = job
         config = job.config
-        self.accelerator = Accelerator(
-            kwargs_handlers=[InitProcessGroupKwargs(timeout=CONTROL_TIMEOUT)]
-        )
+        self.accelerator = Accelerator(kwargs_handlers=[process_group_settings()])
         self.ranks = Ranks(self.accelerator)
         self.bridge = BridgeClient(socket_path, work_dir) if self.ranks.is_main else None
 
