@@ -59,6 +59,8 @@ class InnerLoopResult:
     executor_rounds: list[float]  # samples/s of each timed round
     bare_rounds: list[list[float]]  # the same, before and after the executor
     stand_in_cpu_ms_per_step: float
+    mixed_precision: str  # "no" or "bf16", in both loops
+    device: str  # the bare loop's; the executor takes accelerate's default, the same one
     # Every repeat's ratio, lowest first; this result is the median one's.
     repeat_ratios: list[float] = field(default_factory=list)
 
@@ -84,15 +86,20 @@ class InnerLoopResult:
 
 
 def bare_loop(
-    job: Job, assets: Assets, steps_per_round: int, rounds: int
+    job: Job, assets: Assets, steps_per_round: int, rounds: int, mixed_precision: str
 ) -> tuple[list[float], int]:
-    """Samples/s of a plain training loop in each of rounds 2..`rounds`; the model's size."""
-    model = load_model(job.config.model.task, assets.model_dir)
+    """Samples/s of a plain training loop in each of rounds 2..`rounds`; the model's size.
+    On the device accelerate would pick; with bf16, under the autocast accelerate uses."""
+    device = bare_device()
+    model = load_model(job.config.model.task, assets.model_dir).to(device)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), **adamw_arguments(job))
     schedule = build_lr_schedule(optimizer, job.config.scheduler)
     slices = [load_file(path) for path in sorted(assets.dataset_dir.glob("*.safetensors"))]
-    tokens = {name: torch.cat([part[name] for part in slices]) for name in ("input_ids", "labels")}
+    tokens = {
+        name: torch.cat([part[name] for part in slices]).to(device)
+        for name in ("input_ids", "labels")
+    }
     batch_size = job.config.batch_size
     batches = tokens["input_ids"].shape[0] // batch_size
     if batches == 0:
@@ -103,7 +110,10 @@ def bare_loop(
         started = time.perf_counter()
         for _ in range(steps_per_round):
             start = (step % batches) * batch_size
-            loss = model(**{name: t[start : start + batch_size] for name, t in tokens.items()}).loss
+            with torch.autocast(device.type, torch.bfloat16, enabled=mixed_precision == "bf16"):
+                loss = model(
+                    **{name: t[start : start + batch_size] for name, t in tokens.items()}
+                ).loss
             loss.backward()
             optimizer.step()
             schedule.step()
@@ -115,13 +125,19 @@ def bare_loop(
     return rates, parameter_count(model)
 
 
+def bare_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def executor_run(
-    coordinator: Coordinator, work_base: Path, timeout_s: float
+    coordinator: Coordinator, work_base: Path, timeout_s: float, mixed_precision: str
 ) -> tuple[dict[str, Any], float]:
     """Runs the coordinator's one job through a local worker: the worker's summary entry,
     and this process's CPU time per step of the executor's timed rounds, in seconds."""
     client = CoordinatorClient(coordinator.url)
-    worker = LocalWorker("bench-worker", preset("process"), work_base)
+    # accelerate's own setting, which an accelerate config would otherwise give.
+    environment = {"ACCELERATE_MIXED_PRECISION": mixed_precision}
+    worker = LocalWorker("bench-worker", preset("process"), work_base, env=environment)
     failure: list[BaseException] = []
 
     def serve() -> None:
@@ -158,15 +174,20 @@ def executor_rounds(record: dict[str, Any]) -> list[float]:
 
 
 def measure(
-    shape: Shape, steps_per_round: int, rounds: int, work_base: Path, timeout_s: float
+    shape: Shape,
+    steps_per_round: int,
+    rounds: int,
+    work_base: Path,
+    timeout_s: float,
+    mixed_precision: str,
 ) -> InnerLoopResult:
     assets = ensure_assets(spec=shape.asset_spec())
     options = RunOptions(workers=1, rounds=rounds, steps_per_round=steps_per_round)
     with Coordinator(Catalog.from_assets(assets), options, name="bench-coordinator") as coordinator:
         job = parse_job(json.dumps(coordinator.job_spec(str(uuid.uuid4()))))
-        before, parameters = bare_loop(job, assets, steps_per_round, rounds)
-        record, stand_in_cpu_s = executor_run(coordinator, work_base, timeout_s)
-        after, _ = bare_loop(job, assets, steps_per_round, rounds)
+        before, parameters = bare_loop(job, assets, steps_per_round, rounds, mixed_precision)
+        record, stand_in_cpu_s = executor_run(coordinator, work_base, timeout_s, mixed_precision)
+        after, _ = bare_loop(job, assets, steps_per_round, rounds, mixed_precision)
     return InnerLoopResult(
         model=shape.name,
         parameters=parameters,
@@ -175,22 +196,32 @@ def measure(
         executor_rounds=executor_rounds(record),
         bare_rounds=[before, after],
         stand_in_cpu_ms_per_step=1e3 * stand_in_cpu_s,
+        mixed_precision=mixed_precision,
+        device=str(bare_device()),
     )
 
 
 def run(
-    work_base: Path, cases: list[tuple[Shape, int, int]], rounds: int, timeout_s: float
+    work_base: Path,
+    cases: list[tuple[Shape, int, int]],
+    rounds: int,
+    timeout_s: float,
+    mixed_precision: str = "no",
 ) -> list[InnerLoopResult]:
     """`cases`: (model shape, steps per round, repeats). At least 2 rounds: the first is
     warm-up. Each repeat is a whole measurement, bare loops included; the one with the
-    median ratio is reported, since the machine's speed drifts by more than the gap sought."""
+    median ratio is reported, since the machine's speed drifts by more than the gap sought.
+    `mixed_precision`: "no" or "bf16", for the executor and the bare loop alike."""
     if rounds < 2:
         raise BenchError("the inner-loop benchmark needs at least 2 rounds (the first is warm-up)")
     results = []
     # The executor's and the coordinator's lines would break up the results table.
     with contextlib.redirect_stdout(sys.stderr):
         for shape, steps, repeats in cases:
-            repeated = [measure(shape, steps, rounds, work_base, timeout_s) for _ in range(repeats)]
+            repeated = [
+                measure(shape, steps, rounds, work_base, timeout_s, mixed_precision)
+                for _ in range(repeats)
+            ]
             repeated.sort(key=lambda result: result.ratio)
             median = repeated[len(repeated) // 2]
             results.append(replace(median, repeat_ratios=[r.ratio for r in repeated]))

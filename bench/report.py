@@ -66,7 +66,8 @@ def inner_loop_rows(results: list[InnerLoopResult]) -> list[Row]:
     return [
         Row(
             "inner loop",
-            f"{r.model} {r.parameters / 1e6:.2f}M, batch {r.batch_size}",
+            f"{r.model} {r.parameters / 1e6:.2f}M, batch {r.batch_size}"
+            + (f", {r.mixed_precision} on {r.device}" if r.mixed_precision != "no" else ""),
             f"{r.executor_samples_per_s:.1f} samples/s",
             f"{r.baseline_samples_per_s:.1f} bare loop "
             f"({', '.join(f'{rate:.1f}' for rate in r.bare_samples_per_s)})",

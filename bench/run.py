@@ -130,6 +130,13 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
         metavar="NAME[,NAME]",
         help=f"run only these of {', '.join(BENCHMARKS)}",
     )
+    parser.add_argument(
+        "--mixed-precision",
+        choices=("no", "bf16"),
+        default="no",
+        help="the inner loop's precision, for the executor (accelerate's setting) and the bare "
+        "loop (autocast) alike; both run on the GPU when there is one",
+    )
     parser.set_defaults(size="full")
     return parser.parse_args(argv)  # fmt: skip
 
@@ -163,7 +170,9 @@ def timed(title: str, action: Callable[[], T], others: dict[str, float]) -> T:
     return result
 
 
-def run(size_name: str, only: tuple[str, ...], out: Path, command: str) -> int:
+def run(
+    size_name: str, only: tuple[str, ...], out: Path, command: str, mixed_precision: str = "no"
+) -> int:
     size = SIZES[size_name]
     out.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()[0]
@@ -196,7 +205,11 @@ def run(size_name: str, only: tuple[str, ...], out: Path, command: str) -> int:
             inner = timed(
                 "inner loop",
                 lambda: inner_loop.run(
-                    scratch / "inner", list(size.inner_cases), size.inner_rounds, 1800.0
+                    scratch / "inner",
+                    list(size.inner_cases),
+                    size.inner_rounds,
+                    1800.0,
+                    mixed_precision,
                 ),
                 others,
             )
@@ -316,7 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     arguments = parse_arguments(argv)
     try:
         command = " ".join(["python bench/run.py", *argv])
-        return run(arguments.size, arguments.only, arguments.out, command)
+        return run(
+            arguments.size, arguments.only, arguments.out, command, arguments.mixed_precision
+        )
     except KeyboardInterrupt:
         print("bench: interrupted", file=sys.stderr)
         return 130

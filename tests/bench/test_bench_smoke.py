@@ -67,6 +67,16 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path: Path) -> None:
         assert (tmp_path / f"demo-{run['dtype']}" / "summary.json").is_file()
 
 
+@pytest.mark.slow
+def test_inner_loop_in_bf16_runs_both_loops_in_bf16(tmp_path: Path) -> None:
+    done = bench("--smoke", "--only", "inner", "--mixed-precision", "bf16", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-4000:]
+    [inner] = json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))["inner_loop"]
+    assert inner["mixed_precision"] == "bf16" and inner["device"] == "cpu"
+    assert "mixed precision bf16" in done.stderr  # the executor's own job line
+    assert ", bf16 on cpu" in done.stdout
+
+
 def test_unknown_benchmark_is_refused_in_one_line(tmp_path: Path) -> None:
     done = bench("--only", "inner,warp-drive", "--out", str(tmp_path), timeout=120)
     assert done.returncode == 2
