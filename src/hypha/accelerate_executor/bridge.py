@@ -64,8 +64,8 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
-def _readable(sock: socket.socket) -> bool:
-    """True when an idle kept-alive connection has something to read: the bridge closed it
+def idle_connection_is_spent(sock: socket.socket) -> bool:
+    """True when an idle kept-alive connection has something to read: the server closed it
     (or sent what nobody asked for), so it cannot carry another request."""
     poller = select.poll()
     poller.register(sock, select.POLLIN)
@@ -214,7 +214,11 @@ class BridgeClient:
             if connection is None:
                 return _UnixHTTPConnection(self.socket_path, timeout), False
             recent = time.monotonic() - idle_since < REUSE_IDLE_S
-            if recent and connection.sock is not None and not _readable(connection.sock):
+            if (
+                recent
+                and connection.sock is not None
+                and not idle_connection_is_spent(connection.sock)
+            ):
                 connection.sock.settimeout(timeout)
                 return connection, True
             connection.close()

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import select
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -16,6 +14,7 @@ from contextlib import contextmanager
 from typing import Any, BinaryIO
 from urllib.parse import quote, urlsplit
 
+from hypha.accelerate_executor.bridge import idle_connection_is_spent
 from hypha.accelerate_executor.local.bridge_server import (
     ERROR_KINDS,
     BackendError,
@@ -27,14 +26,6 @@ from hypha.accelerate_executor.local.bridge_server import (
 
 class CoordinatorError(Exception):
     """The coordinator refused a request or could not be reached; one line for the user."""
-
-
-def _readable(sock: socket.socket) -> bool:
-    """True when an idle kept-alive connection has something to read: the coordinator
-    closed it (or sent what nobody asked for), so it cannot carry another request."""
-    poller = select.poll()
-    poller.register(sock, select.POLLIN)
-    return bool(poller.poll(0))
 
 
 def _backend_error(status: int, raw: bytes) -> BackendError:
@@ -124,7 +115,7 @@ class CoordinatorClient:
                 connection = self._idle.pop() if self._idle else None
             if connection is None:
                 return http.client.HTTPConnection(self._host, self._port, timeout=timeout), False
-            if connection.sock is not None and not _readable(connection.sock):
+            if connection.sock is not None and not idle_connection_is_spent(connection.sock):
                 connection.sock.settimeout(timeout)
                 connection.timeout = timeout
                 return connection, True
