@@ -30,35 +30,51 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
 
 
+class _QuietHandler(BaseHTTPRequestHandler):
+    def reply(self, status: int, kind: str, payload: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
 @pytest.fixture
-def scripted_bridge(tmp_path: Path) -> Iterator[Callable[[Callable[[str, bytes], Reply]], Path]]:
-    """A bridge whose answers a test scripts: answer(route, body) -> (status, type, body)."""
+def serve_unix(tmp_path: Path) -> Iterator[Callable[[type[BaseHTTPRequestHandler]], Path]]:
+    """Serves a handler class on a real Unix socket in tmp_path until the test ends."""
     servers: list[_Server] = []
 
-    def start(answer: Callable[[str, bytes], Reply]) -> Path:
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                status, kind, payload = answer(self.path, body)
-                self.send_response(status)
-                self.send_header("Content-Type", kind)
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
+    def serve(handler: type[BaseHTTPRequestHandler]) -> Path:
         socket_path = tmp_path / "bridge.sock"
-        server = _Server(str(socket_path), Handler)
+        server = _Server(str(socket_path), handler)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
         return socket_path
 
-    yield start
+    yield serve
     for server in servers:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def scripted_bridge(
+    serve_unix: Callable[[type[BaseHTTPRequestHandler]], Path],
+) -> Callable[[Callable[[str, bytes], Reply]], Path]:
+    """A bridge whose answers a test scripts: answer(route, body) -> (status, type, body)."""
+
+    def start(answer: Callable[[str, bytes], Reply]) -> Path:
+        class Handler(_QuietHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                self.reply(*answer(self.path, body))
+
+        return serve_unix(Handler)
+
+    return start
 
 
 @dataclass
@@ -68,15 +84,16 @@ class Seen:
 
 
 @pytest.fixture
-def kept_alive_bridge(tmp_path: Path) -> Iterator[Callable[[bool], tuple[Path, Seen]]]:
+def kept_alive_bridge(
+    serve_unix: Callable[[type[BaseHTTPRequestHandler]], Path],
+) -> Callable[[bool], tuple[Path, Seen]]:
     """An HTTP/1.1 bridge answering every status with Continue, counting connections and
     requests; with hang_up it closes each connection after its answer without saying so."""
-    servers: list[_Server] = []
 
     def start(hang_up: bool) -> tuple[Path, Seen]:
         seen = Seen()
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(_QuietHandler):
             protocol_version = "HTTP/1.1"
 
             def setup(self) -> None:
@@ -86,27 +103,12 @@ def kept_alive_bridge(tmp_path: Path) -> Iterator[Callable[[bool], tuple[Path, S
             def do_POST(self) -> None:
                 self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 seen.requests += 1
-                body = b'{"type": "Continue"}'
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                self.reply(200, "application/json", b'{"type": "Continue"}')
                 self.close_connection = hang_up
 
-            def log_message(self, *args: object) -> None:
-                pass
+        return serve_unix(Handler), seen
 
-        socket_path = tmp_path / "bridge.sock"
-        server = _Server(str(socket_path), Handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        return socket_path, seen
-
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+    return start
 
 
 def test_requests_share_one_kept_alive_connection(kept_alive_bridge, tmp_path: Path) -> None:
