@@ -247,8 +247,8 @@ def supervise(tmp_path: Path, mode: str) -> tuple[int, Path]:
     marker = tmp_path / "job"
     supervisor = (
         "import sys\n"
-        "from hypha.accelerate_executor.launcher import Supervisor\n"
-        f"sys.exit(Supervisor().run([sys.executable, '-c', {JOB!r}, {str(marker)!r}, {mode!r}], {{}}))\n"
+        "from hypha.accelerate_executor.launcher import run_ranks\n"
+        f"sys.exit(run_ranks([sys.executable, '-c', {JOB!r}, {str(marker)!r}, {mode!r}], {{}}))\n"
     )
     process = subprocess.Popen([sys.executable, "-c", supervisor])
     deadline = time.monotonic() + 30
@@ -256,7 +256,7 @@ def supervise(tmp_path: Path, mode: str) -> tuple[int, Path]:
         assert time.monotonic() < deadline, "the job stand-in did not start"
         time.sleep(0.05)
     process.send_signal(signal.SIGTERM)
-    # Generous: a stubborn job is killed TERM_GRACE_S (2.5 s) after the SIGTERM.
+    # Generous: a stubborn job is killed supervisor.GRACE_S (2.5 s) after the SIGTERM.
     return process.wait(timeout=15), marker
 
 
@@ -283,7 +283,7 @@ def test_sigterm_reaches_the_whole_job_and_ends_it(tmp_path: Path, mode: str) ->
 def test_the_childs_exit_code_passes_through(tmp_path: Path) -> None:
     supervisor = (
         "import sys\n"
-        "from hypha.accelerate_executor.launcher import Supervisor\n"
-        "sys.exit(Supervisor().run([sys.executable, '-c', 'raise SystemExit(7)'], {}))\n"
+        "from hypha.accelerate_executor.launcher import run_ranks\n"
+        "sys.exit(run_ranks([sys.executable, '-c', 'raise SystemExit(7)'], {}))\n"
     )
     assert subprocess.run([sys.executable, "-c", supervisor]).returncode == 7

@@ -10,9 +10,10 @@ the environment `accelerate launch` would give it: accelerate's own launcher cos
 of start-up and adds nothing for one process. Everything else goes through
 `accelerate launch`.
 
-The ranks run in their own process group. SIGTERM/SIGINT go to the whole group (the worker
-signals only its direct child, and the container may run without --init); whatever is left
-after a short grace is killed, so a cancelled job is gone within 3 seconds.
+The ranks run in their own process group (supervisor.py). SIGTERM/SIGINT/SIGHUP go to the
+whole group (the worker signals only its direct child, and the container may run without
+--init); whatever is left after the grace period is killed, so a cancelled job is gone
+within 3 seconds.
 
 No torch import: GPUs are counted from /dev and the *_VISIBLE_DEVICES variables.
 """
@@ -20,26 +21,20 @@ No torch import: GPUs are counted from /dev and the *_VISIBLE_DEVICES variables.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import re
 import signal
 import socket
-import subprocess
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any, NoReturn
 
 from hypha.accelerate_executor import __version__
+from hypha.accelerate_executor.supervisor import Interrupts, Supervisor
 
 TRAINING_MODULE = "hypha.accelerate_executor.training"
-# The worker waits 5 s before SIGKILL; the job must be gone in 3 s, so the ranks get this
-# long to exit on SIGTERM before the launcher kills what is left.
-TERM_GRACE_S = 2.5
 VARIANTS = ("cpu", "cu126", "cu129", "rocm64", "mps")
 EXIT_USAGE = 2
 AMD_VENDOR_ID = "0x1002"
@@ -292,46 +287,11 @@ def describe(p: Plan) -> str:
     return "\n".join(lines)
 
 
-class Supervisor:
-    """Runs the ranks in their own process group and carries signals to all of them."""
-
-    def __init__(self) -> None:
-        self.child: subprocess.Popen[bytes] | None = None
-        self.signal_received: int | None = None
-        self.kill_at: float | None = None
-
-    def run(self, command: Sequence[str], env: Mapping[str, str]) -> int:
-        # Handlers first: a SIGTERM that lands while the child starts must still reach it.
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(signum, self._on_signal)
-        self.child = subprocess.Popen(list(command), env=dict(env), start_new_session=True)
-        if self.signal_received is not None:
-            self._signal_group(self.signal_received)
-        while True:
-            try:
-                code = self.child.wait(timeout=0.1)
-                break
-            except subprocess.TimeoutExpired:
-                if self.kill_at is not None and time.monotonic() >= self.kill_at:
-                    self._signal_group(signal.SIGKILL)
-                    self.kill_at = None
-        # Ranks or helpers that outlived the main child would be orphans in the container.
-        self._signal_group(signal.SIGKILL)
-        if self.signal_received is not None:
-            return 128 + self.signal_received
-        return 128 - code if code < 0 else code
-
-    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
-        if self.signal_received is None:
-            self.signal_received = signum
-            self.kill_at = time.monotonic() + TERM_GRACE_S
-        self._signal_group(signum)
-
-    def _signal_group(self, signum: int) -> None:
-        if self.child is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.child.pid, signum)
+def run_ranks(command: Sequence[str], env: Mapping[str, str]) -> int:
+    """Runs the ranks to their end; 128 + the signal when SIGTERM, SIGINT or SIGHUP ended them."""
+    interrupts = Interrupts((signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
+    code = Supervisor(interrupts).run(command, env)
+    return interrupts.exit_code if interrupts.signum is not None else code
 
 
 class _Parser(argparse.ArgumentParser):
@@ -395,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_config:
         print(describe(chosen))
         return 0
-    return Supervisor().run(chosen.command, {**os.environ, **chosen.env})
+    return run_ranks(chosen.command, {**os.environ, **chosen.env})
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ the requirements on first use, then runs the executor's launcher in it. The shim
 that venv into its cache, keyed by a hash of what goes into it (HYPHA_MPS_VENV), so that
 every job of one bundle reuses it and a rebuilt bundle gets a fresh one; it runs the
 launcher in its own process group, re-prints its output line by line, and passes
-SIGTERM/SIGINT to the group, killing it 3 s later.
+SIGTERM/SIGINT to the group, killing what is left after supervisor.GRACE_S.
 
 Environment: HYPHA_ACCELERATE_BUNDLE (the bundle when --bundle is not given),
 HYPHA_ACCELERATE_CACHE (default ~/.cache/hypha-accelerate); PYTHON reaches the bundle's
@@ -17,25 +17,19 @@ launcher (the interpreter it makes the venv with, default python3.11).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
-import signal
-import subprocess
 import sys
-import threading
 from pathlib import Path
-from typing import IO
 
 from hypha.accelerate_executor.shim.errors import EXIT_DOCKER, EXIT_USAGE, ShimError
-from hypha.accelerate_executor.shim.interrupts import Interrupts
-from hypha.accelerate_executor.shim.output import DRAIN_SECONDS, LineWriter
+from hypha.accelerate_executor.shim.output import LineWriter
 from hypha.accelerate_executor.shim.variants import HOST_VARIANT, build_command
 from hypha.accelerate_executor.shim.watchdog import guard_process_group
+from hypha.accelerate_executor.supervisor import Interrupts, Supervisor
 
 LAUNCHER = "hypha-accelerate-mps"
 PROJECT_WHEEL = "hypha_accelerate_executor-*.whl"
-TERM_GRACE_SECONDS = 3.0
 
 
 def cache_dir() -> Path:
@@ -81,47 +75,18 @@ class Bundle:
 
 
 def run_group(command: list[str], env: dict[str, str], interrupts: Interrupts) -> int:
-    """Runs `command` in its own process group to its end or to a signal, re-printing its
-    stdout line by line. On SIGTERM/SIGINT the signal goes to the whole group and SIGKILL
-    follows after TERM_GRACE_SECONDS."""
-    process = subprocess.Popen(
-        command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, start_new_session=True
+    """Runs `command` in its own process group to its end or to a signal (supervisor.py),
+    re-printing its stdout line by line, guarded against this process being SIGKILLed."""
+    out = LineWriter(sys.stdout.fileno())
+    supervisor = Supervisor(interrupts)
+    process = supervisor.start(
+        command, env, on_output=lambda chunk: out.feed(chunk) if chunk else out.close()
     )
     watchdog = guard_process_group(process.pid)
-    assert process.stdout is not None
-    pump = threading.Thread(target=_pump, args=(process.stdout,), daemon=True)
-    pump.start()
-
-    def wait() -> None:
-        # Not reaped yet: while the leader is a zombie its pid, the group's id, stays
-        # taken, so signalling the group afterwards cannot hit a stranger.
-        os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOWAIT)
-        interrupts.job_ended()
-
-    waiter = threading.Thread(target=wait, daemon=True)
-    waiter.start()
-    interrupts.wait_for_end()
-    if not interrupts.ended:
-        _signal_group(process.pid, interrupts.signum or signal.SIGTERM)
-        waiter.join(TERM_GRACE_SECONDS)
-    # Whatever is left in the group (everything, after the grace) goes now.
-    _signal_group(process.pid, signal.SIGKILL)
-    code = process.wait()
-    watchdog.disarm()
-    pump.join(DRAIN_SECONDS)
-    return 128 - code if code < 0 else code
-
-
-def _signal_group(pgid: int, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signum)
-
-
-def _pump(stream: IO[bytes]) -> None:
-    out = LineWriter(sys.stdout.fileno())
-    while chunk := os.read(stream.fileno(), 65536):
-        out.feed(chunk)
-    out.close()
+    try:
+        return supervisor.wait()
+    finally:
+        watchdog.disarm()
 
 
 def run_bundle(
