@@ -9,6 +9,7 @@ import shutil
 import socket
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -118,15 +119,15 @@ def catalog(tmp_path: Path) -> Catalog:
         save_file(
             {"input_ids": tokens, "labels": tokens.clone()}, str(dataset / f"{index}.safetensors")
         )
-    return Catalog(models, dataset, "toy", model_filenames=("config.json", "model.safetensors"))
+    return Catalog(models, dataset, "toy", "local/tiny-gpt2", ("config.json", "model.safetensors"))
 
 
 @pytest.fixture
 def make_coordinator(catalog: Catalog) -> Iterator[Callable[..., Coordinator]]:
     started: list[Coordinator] = []
 
-    def make(**options: Any) -> Coordinator:
-        coordinator = Coordinator(catalog, RunOptions(**options))
+    def make(clock: Callable[[], float] = time.monotonic, **options: Any) -> Coordinator:
+        coordinator = Coordinator(catalog, RunOptions(**options), clock=clock)
         coordinator.start()
         started.append(coordinator)
         return coordinator

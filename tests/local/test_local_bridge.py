@@ -22,7 +22,7 @@ def mode(path: os.PathLike[str] | str) -> int:
 @pytest.fixture(params=["tcp", "in-process"])
 def bridge(request, make_coordinator, make_bridge):
     """The bridge must answer alike whichever way it reaches the coordinator."""
-    coordinator = make_coordinator(workers=1, steps_per_round=4, lead=2)
+    coordinator = make_coordinator(workers=1, steps_per_round=4, clock=lambda: 0.0)
     bridge, job = make_bridge(coordinator, backend=request.param, keepalive_s=0.2)
     return coordinator, bridge, job
 
@@ -425,7 +425,9 @@ def test_scheduler_rounds_and_no_status_while_an_update_is_in_flight(bridge, con
     coordinator, server, _ = bridge
     connection = connect(server.socket_path)
     batch = {"status": {"batch_size": 8, "loss": 2.5}}
-    # H = 4, lead 2: ScheduleUpdate after 2 batches, exactly once.
+    # A target of 4 batches of 8, batches that take no time: after the second status the
+    # projection ends in 2 more batches, within the caps (3 batches, 10 s): ScheduleUpdate,
+    # exactly once.
     answers = [connection.post_json("/status/send", batch)[1] for _ in range(4)]
     assert answers == [
         {"type": "Continue"},
@@ -439,7 +441,7 @@ def test_scheduler_rounds_and_no_status_while_an_update_is_in_flight(bridge, con
     assert connection.post_json("/status/send", "update") == (200, {"type": "Ok"})
     assert connection.post_json("/status/send", batch) == (200, {"type": "Error"})
     record = next(iter(coordinator.workers.values()))
-    assert record.violations == ["status while the update of round 0 was in flight"]
+    assert record.violations == ["status while updating"]
     assert record.metrics == {0: {"loss": 2.5}}
     assert record.rounds[0].batches == 4 and record.rounds[0].samples == 32
 
@@ -447,13 +449,13 @@ def test_scheduler_rounds_and_no_status_while_an_update_is_in_flight(bridge, con
 def test_update_received_answers_continue_then_done(
     make_coordinator, make_bridge, connect, receive
 ):
-    coordinator = make_coordinator(workers=1, rounds=2, steps_per_round=1, lead=5)
+    coordinator = make_coordinator(workers=1, rounds=2, samples_per_round=2, clock=lambda: 0.0)
     server, job = make_bridge(coordinator)
     config = job["executor"]["config"]
     _, _, stream = receive(server.socket_path, {"resource": config["results"]})
     connection = connect(server.socket_path)
     for round_, expected in enumerate(({"type": "Continue"}, {"type": "Done"})):
-        # H = 1: the lead shrinks to 0, so the first batch already gets ScheduleUpdate{0}.
+        # The target is one status of 2 samples: reached at once, so ScheduleUpdate{0}.
         assert connection.post_json("/status/send", {"status": {"batch_size": 2}})[1] == {
             "type": "ScheduleUpdate",
             "counter": 0,
@@ -471,7 +473,10 @@ def test_update_received_answers_continue_then_done(
         assert connection.post_json("/status/send", "update-received")[1] == expected
     record = next(iter(coordinator.workers.values()))
     assert record.violations == []
-    assert [aggregation["workers"] for aggregation in coordinator.aggregations] == [["w1"], ["w1"]]
+    assert [aggregation["workers"] for aggregation in coordinator.aggregation.rounds] == [
+        ["w1"],
+        ["w1"],
+    ]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")

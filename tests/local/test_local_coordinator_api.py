@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from hypha.accelerate_executor.local.bridge_server import BackendError
+from hypha.accelerate_executor.local.backend import BackendError
 from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
 
 
@@ -38,7 +38,7 @@ def test_one_connection_carries_every_request_errors_included(make_coordinator):
 
 
 def test_client_answers_stay_in_order_across_errors_and_downloads(make_coordinator):
-    coordinator = make_coordinator(workers=1, steps_per_round=4, lead=2)
+    coordinator = make_coordinator(workers=1, steps_per_round=4, clock=lambda: 0.0)
     client = CoordinatorClient(coordinator.url)
     job = json.loads(client.request_job("w1"))
     backend = client.backend(job["job_id"])

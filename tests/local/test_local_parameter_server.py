@@ -67,8 +67,10 @@ def test_true_mean_and_nesterov_over_three_workers_and_two_rounds(
             torch.testing.assert_close(
                 update["b"].float(), torch.tensor(expected["b"]), rtol=0, atol=0.02
             )
-    assert [entry["workers"] for entry in coordinator.aggregations] == [["w1", "w2", "w3"]] * 2
-    assert coordinator.aggregations[0]["skipped_tensors"] == ["only_w1 (not in every file)"]
+    assert [entry["workers"] for entry in coordinator.aggregation.rounds] == [
+        ["w1", "w2", "w3"]
+    ] * 2
+    assert coordinator.aggregation.rounds[0]["skipped_tensors"] == ["only_w1 (not in every file)"]
 
 
 def test_a_worker_that_exits_no_longer_holds_up_the_round(

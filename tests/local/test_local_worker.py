@@ -23,7 +23,7 @@ from hypha.accelerate_executor.local.worker import (
     substitute,
 )
 
-EXAMPLE_TOML = Path("/work/shared/examples/worker-executors.toml")
+EXAMPLE_TOML = Path(__file__).parents[1] / "data" / "worker-executors.toml"
 
 
 def python_child(code: str, *args: str) -> ExecutorEntry:

@@ -1,6 +1,7 @@
-"""The embedded model and data set of the local cluster: nothing to download.
+"""The embedded models and data sets of the local cluster: nothing to download.
 
-A tiny GPT-2 (random init, fixed seed) saved with `save_pretrained` into a model store,
+Each kind of job has its assets: a spec that writes a model folder and a data set of
+safetensors slices (`AssetKind`). Here the causal-LM job's: a tiny GPT-2 (random init, fixed seed) saved with `save_pretrained` into a model store,
 and token sequences drawn from a fixed random sparse Markov chain, cut into safetensors
 slices. The chain gives the data learnable structure: a model that learns its bigram
 table drops from ln(vocab) to about the chain's entropy, so a falling loss is visible
@@ -17,7 +18,7 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 if TYPE_CHECKING:
     import torch
@@ -25,6 +26,28 @@ if TYPE_CHECKING:
 
 MODEL_REPOSITORY = "local/tiny-gpt2"
 MODEL_FILENAMES = ("config.json", "model.safetensors", "generation_config.json")
+
+
+class AssetKind(Protocol):
+    """What `ensure_assets` needs of a job kind's assets."""
+
+    @property
+    def model_repository(self) -> str: ...
+
+    @property
+    def model_filenames(self) -> tuple[str, ...]: ...
+
+    @property
+    def preprocessor_filenames(self) -> tuple[str, ...]: ...
+
+    @property
+    def dataset_name(self) -> str: ...
+
+    def cache_key(self) -> str: ...
+
+    def write_model(self, folder: Path) -> None: ...
+
+    def write_dataset(self, folder: Path) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -40,27 +63,42 @@ class AssetSpec:
     n_layer: int = 2
     n_head: int = 4
 
+    model_repository: ClassVar[str] = MODEL_REPOSITORY
+    model_filenames: ClassVar[tuple[str, ...]] = MODEL_FILENAMES
+    preprocessor_filenames: ClassVar[tuple[str, ...]] = ()
+
     @property
     def dataset_name(self) -> str:
         return f"markov-{self.vocab_size}"
 
     def cache_key(self) -> str:
-        # Bump the prefix whenever generation changes, so old caches are not reused.
-        digest = hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()
-        return f"v1-{digest[:16]}"
+        return cache_key("v1", asdict(self))
+
+    def write_model(self, folder: Path) -> None:
+        _write_model(self, folder)
+
+    def write_dataset(self, folder: Path) -> None:
+        _write_dataset(self, folder)
+
+
+def cache_key(version: str, fields: dict[str, object]) -> str:
+    """A folder name that changes with a spec's fields and with `version`, which is bumped
+    whenever generation changes, so that old caches are not reused."""
+    digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+    return f"{version}-{digest[:16]}"
 
 
 @dataclass(frozen=True)
 class Assets:
     """Where the generated files lie: `models/<repository>/<file>` and `<dataset>/<i>.safetensors`."""
 
-    spec: AssetSpec
+    spec: AssetKind
     models_dir: Path
     dataset_dir: Path
 
     @property
     def model_dir(self) -> Path:
-        return self.models_dir / MODEL_REPOSITORY
+        return self.models_dir / self.spec.model_repository
 
 
 def default_cache_dir() -> Path:
@@ -68,8 +106,9 @@ def default_cache_dir() -> Path:
     return Path(base) / "hypha-accelerate" / "local-assets"
 
 
-def ensure_assets(cache_dir: Path | None = None, spec: AssetSpec | None = None) -> Assets:
-    """Returns the assets for `spec`, generating them into `cache_dir` the first time."""
+def ensure_assets(cache_dir: Path | None = None, spec: AssetKind | None = None) -> Assets:
+    """Returns the assets for `spec` (default: the causal-LM job's), generating them into
+    `cache_dir` the first time."""
     spec = spec or AssetSpec()
     root = (cache_dir or default_cache_dir()) / spec.cache_key()
     assets = Assets(spec, root / "models", root / "datasets" / spec.dataset_name)
@@ -80,8 +119,8 @@ def ensure_assets(cache_dir: Path | None = None, spec: AssetSpec | None = None) 
     # run never sees half a cache.
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=root.parent))
     try:
-        _write_model(spec, staging / "models" / MODEL_REPOSITORY)
-        _write_dataset(spec, staging / "datasets" / spec.dataset_name)
+        spec.write_model(staging / "models" / spec.model_repository)
+        spec.write_dataset(staging / "datasets" / spec.dataset_name)
         staging.chmod(0o755)
         try:
             staging.rename(root)

@@ -1,11 +1,11 @@
-"""One Job Bridge: HTTP/1.1 on the Unix socket WORK_DIR/bridge.sock, as a Hypha worker serves it.
+"""One Job Bridge, as a Hypha worker serves it on WORK_DIR/bridge.sock: what each route does.
 
-It follows protocol.md sections 2 and 7, sharp edges included: plain-text 413/415/400/422
-rejections, one receive stream per job, `send` answered before the copy, pushes written
-to `<path>/<peer-id>` and announced only on an open stream. What lies beyond the bridge
-(scheduler, data, models, peers) is a `BridgeBackend`; the local cluster's reaches the
-coordinator over TCP (coordinator_client.py), or by direct calls when the coordinator runs
-in the same process (coordinator.InProcessBackend).
+It follows protocol.md sections 2 and 7, sharp edges included: one receive stream per job,
+`send` answered before the copy, pushes written to `<path>/<peer-id>` and announced only
+on an open stream, and every file written in place as Rust's `File::create` does
+(truncated, then written: the same inode, so a reader that has it open or mapped sees it
+change under it). The HTTP face is bridge_http.py; what lies beyond the bridge
+(scheduler, data, models, peers) is a `BridgeBackend` (backend.py).
 """
 
 from __future__ import annotations
@@ -14,88 +14,24 @@ import json
 import os
 import queue
 import random
-import socket
-import socketserver
-import sys
-import tempfile
 import threading
 from collections.abc import Callable
-from contextlib import suppress
-from dataclasses import dataclass
 from functools import partial
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path, PurePosixPath
-from typing import Any, BinaryIO, Literal, Protocol, get_args
+from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
-from pydantic import TypeAdapter, ValidationError
-
 from hypha.accelerate_executor.local import wire
+from hypha.accelerate_executor.local.axum_body import Rejection
+from hypha.accelerate_executor.local.backend import BackendError, BridgeBackend, ErrorKind, Push
+from hypha.accelerate_executor.local.bridge_http import UnixHTTPServer
 from hypha.accelerate_executor.local.output import warn
+from hypha.accelerate_executor.local.serving import AcceptLoop
 
-MAX_BODY_BYTES = 2 * 1024 * 1024
-# A refused body up to this size is read and dropped; a larger one costs the connection.
-DRAIN_LIMIT_BYTES = 64 * 1024 * 1024
 SOCKET_NAME = "bridge.sock"
 DEFAULT_RECEIVE_DIR = "incoming"
 # How long one poll for pushes waits; bounds how long stop() waits for the poller.
 PUSH_POLL_S = 0.2
-
-ErrorKind = Literal["network_error", "connector_error", "io_error"]
-ERROR_KINDS: tuple[ErrorKind, ...] = get_args(ErrorKind)
-
-
-class BackendError(Exception):
-    """A failure beyond the bridge; the bridge answers it with 500 and this kind."""
-
-    def __init__(self, kind: ErrorKind, detail: str) -> None:
-        super().__init__(detail)
-        self.kind: ErrorKind = kind
-        self.detail = detail
-
-
-@dataclass(frozen=True)
-class RemoteFile:
-    """One file a fetch yields: its name under artifacts/ and the backend's handle to it."""
-
-    name: str
-    blob: str
-
-
-@dataclass(frozen=True)
-class Push:
-    """A file a peer pushed to this job; `seq` orders the pushes of one job."""
-
-    seq: int
-    from_peer: str
-    data: bytes
-
-
-class BridgeBackend(Protocol):
-    def fetch(self, reference: dict[str, Any]) -> list[RemoteFile]: ...
-
-    def download(self, blob: str, out: BinaryIO) -> None: ...
-
-    def send(self, peer: str, data: bytes) -> None: ...
-
-    def status(self, progress: Any) -> dict[str, Any]: ...
-
-    def next_push(self, after: int, wait_s: float) -> Push | None:
-        """The first push with seq > after, waiting up to wait_s; None if there is none yet."""
-        ...
-
-
-class Rejection(Exception):
-    """A request refused before or at its route: status, body and its content type."""
-
-    def __init__(
-        self, status: int, body: str, content_type: str = "text/plain; charset=utf-8"
-    ) -> None:
-        super().__init__(body)
-        self.status = status
-        self.body = body.encode()
-        self.content_type = content_type
 
 
 def invalid_request(detail: str) -> Rejection:
@@ -106,10 +42,6 @@ def invalid_request(detail: str) -> Rejection:
 
 def server_error(kind: ErrorKind, detail: str) -> Rejection:
     return Rejection(500, json.dumps({"error": kind, "detail": detail}), "application/json")
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON value")
 
 
 class BridgeServer:
@@ -145,12 +77,12 @@ class BridgeServer:
         self._stream_ended = threading.Event()
         self._stream_ended.set()
         self._senders: list[threading.Thread] = []
-        self._server: _UnixHTTPServer | None = None
+        self._server: UnixHTTPServer | None = None
 
     # Life cycle.
 
     def start(self) -> None:
-        server = _UnixHTTPServer(str(self.socket_path), self)
+        server = UnixHTTPServer(str(self.socket_path), self)
         try:
             server.server_bind()
             # Before listen() nobody can connect, so the socket is never reachable with a
@@ -315,7 +247,7 @@ class BridgeServer:
             self._own(path)
 
     def _write(self, target: Path, produce: Callable[[BinaryIO], None]) -> int:
-        """Writes a file 0600 (owned by `owner`) through a temporary name; returns its size."""
+        """Writes a file in place, 0600 (owned by `owner`), as File::create does; its size."""
         try:
             self._make_dirs(target.parent)
             # The directory may have been swapped for a symlink since the path was checked.
@@ -324,24 +256,20 @@ class BridgeServer:
                 raise invalid_request(
                     f"{target.parent} leads out of the work dir through a symlink"
                 )
-            fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=parent)
-            try:
-                with os.fdopen(fd, "wb") as out:
-                    produce(out)
-                    size = out.tell()
-                os.chmod(temporary, 0o600)
-                self._own(Path(temporary))
-                os.replace(temporary, parent / target.name)
-            except BaseException:
-                Path(temporary).unlink(missing_ok=True)
-                raise
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(parent / target.name, flags, 0o600)
+            with os.fdopen(fd, "wb") as out:
+                os.fchmod(fd, 0o600)
+                if self.owner is not None:
+                    os.fchown(fd, *self.owner)
+                produce(out)
+                return out.tell()
         except BackendError as exc:
             raise server_error(exc.kind, exc.detail) from None
         except OSError as exc:
             raise server_error(
                 "io_error", f"cannot write {target.name}: {exc.strerror or exc}"
             ) from None
-        return size
 
     # Background work.
 
@@ -391,283 +319,3 @@ class BridgeServer:
             stream, peers = self._stream, self._stream_peers
         if stream is not None and (not peers or push.from_peer in peers):
             stream.put({"path": rel, "size": size, "from_peer": push.from_peer})
-
-
-class TracksConnections(socketserver.BaseServer):
-    """Mixed into a threading socketserver: remembers the connections it has open, because
-    stopping a server stops only its accept loop, and kept-alive connections would go on
-    being served until cut."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._open: set[socket.socket] = set()
-        self._open_lock = threading.Lock()
-
-    def get_request(self) -> tuple[socket.socket, Any]:
-        connection, address = super().get_request()
-        with self._open_lock:
-            self._open.add(connection)
-        return connection, address
-
-    def shutdown_request(self, request: Any) -> None:
-        with self._open_lock:
-            self._open.discard(request)
-        super().shutdown_request(request)
-
-    def cut_connections(self) -> None:
-        """Shuts every open connection down, so that its clients see the server go away."""
-        with self._open_lock:
-            connections = list(self._open)
-        for connection in connections:
-            with suppress(OSError):
-                connection.shutdown(socket.SHUT_RDWR)
-
-
-class AcceptLoop:
-    """Serves a threading socketserver from a blocking accept() until stop().
-
-    serve_forever wakes up every poll interval to look for a shutdown request: twenty
-    times a second it cost each idle server about 2 ms of CPU a second, on the cores the
-    executor trains on. Here stop() shuts the listening socket, which ends the accept.
-    """
-
-    def __init__(self, server: socketserver.TCPServer, name: str) -> None:
-        self._server = server
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._accept, name=name, daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Stops accepting; the connections already open are the caller's to cut."""
-        self._stopping.set()
-        with suppress(OSError):
-            self._server.socket.shutdown(socket.SHUT_RDWR)
-        if self._thread.ident is not None:
-            self._thread.join()
-
-    def _accept(self) -> None:
-        server = self._server
-        while not self._stopping.is_set():
-            try:
-                request, address = server.get_request()
-            except OSError:
-                continue  # a client that left before accept(), or stop()
-            try:
-                server.process_request(request, address)
-            except Exception:
-                server.handle_error(request, address)
-                server.shutdown_request(request)
-
-
-class _UnixHTTPServer(
-    TracksConnections, socketserver.ThreadingMixIn, socketserver.UnixStreamServer
-):
-    daemon_threads = True
-    block_on_close = False
-
-    def __init__(self, path: str, bridge: BridgeServer) -> None:
-        super().__init__(path, _Handler, bind_and_activate=False)
-        self.bridge = bridge
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # socketserver prints a traceback; a client that hung up is normal, the rest is one line.
-        error = sys.exc_info()[1]
-        if not isinstance(error, ConnectionError):
-            self.bridge.log(f"request failed: {error!r}")
-
-
-_SEND: TypeAdapter[wire.SendRequest] = TypeAdapter(wire.SendRequest)
-_RECEIVE: TypeAdapter[wire.ReceiveRequest] = TypeAdapter(wire.ReceiveRequest)
-_POST_ROUTES = ("/resources/fetch", "/resources/send", "/resources/receive", "/status/send")
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    # Buffered, so that an answer's head and body leave in one write: a client woken by the
-    # head alone would only go back to sleep until the body comes.
-    wbufsize = -1
-    server: _UnixHTTPServer
-
-    def log_message(self, format: str, *args: Any) -> None:
-        # The default logs the client address, which a Unix socket does not have.
-        pass
-
-    def handle_expect_100(self) -> bool:
-        accepted = super().handle_expect_100()
-        self.wfile.flush()  # the client holds the body back until the 100 comes
-        return accepted
-
-    @property
-    def bridge(self) -> BridgeServer:
-        return self.server.bridge
-
-    def do_GET(self) -> None:
-        path = urlsplit(self.path).path
-        if path == "/openapi.json":
-            self._reply(200, json.dumps(wire.openapi_document()).encode(), "application/json")
-        elif path in _POST_ROUTES:
-            self._reply(405, b"", None, allow="POST")
-        else:
-            self._reply(404, b"", None)
-
-    def do_POST(self) -> None:
-        path = urlsplit(self.path).path
-        if path not in _POST_ROUTES:
-            if path == "/openapi.json":
-                self._reply(405, b"", None, allow="GET")
-            else:
-                self._reply(404, b"", None)
-            return
-        try:
-            raw = self._json_body()
-            if path == "/resources/fetch":
-                reference = self._shape(wire.REFERENCE, raw)
-                self._reply(
-                    200, json.dumps(self.bridge.fetch(reference)).encode(), "application/json"
-                )
-            elif path == "/resources/send":
-                self.bridge.send(self._shape(_SEND, raw))
-                self._reply(200, b"", None)
-            elif path == "/resources/receive":
-                self._stream(self.bridge.open_stream(self._shape(_RECEIVE, raw)))
-            else:
-                answer = self.bridge.status(self._shape(wire.PROGRESS, raw))
-                self._reply(200, json.dumps(answer).encode(), "application/json")
-        except Rejection as exc:
-            self._reply(exc.status, exc.body, exc.content_type)
-
-    def do_PUT(self) -> None:
-        self._reply(405 if self.path in _POST_ROUTES else 404, b"", None)
-
-    do_DELETE = do_PATCH = do_PUT
-
-    # Request body, in axum's order: content type (415), size (413), JSON (400), shape (422).
-
-    def _json_body(self) -> Any:
-        content_type = self.headers.get("Content-Type", "").split(";")[0].strip().lower()
-        is_json = content_type == "application/json" or (
-            content_type.startswith("application/") and content_type.endswith("+json")
-        )
-        if not is_json:
-            # Drained first, so the client sees the answer, not a broken pipe.
-            with suppress(Rejection):
-                self._read_body()
-            raise Rejection(415, "Expected request with `Content-Type: application/json`")
-        body = self._read_body()
-        try:
-            return json.loads(body.decode("utf-8"), parse_constant=_refuse_constant)
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise Rejection(400, f"Failed to parse the request body as JSON: {exc}") from None
-
-    def _read_body(self) -> bytes:
-        too_large = Rejection(413, "Failed to buffer the request body: length limit exceeded")
-        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            return self._read_chunked(too_large)
-        length_header = self.headers.get("Content-Length")
-        if length_header is None:
-            return b""
-        try:
-            length = int(length_header)
-            if length < 0:
-                raise ValueError(length_header)
-        except ValueError:
-            self.close_connection = True
-            raise Rejection(400, "invalid Content-Length header") from None
-        if length > MAX_BODY_BYTES:
-            self._discard(length)
-            raise too_large
-        return self.rfile.read(length)
-
-    def _discard(self, length: int) -> None:
-        """Reads and drops a body refused for its size (see _json_body for why)."""
-        if length > DRAIN_LIMIT_BYTES:
-            self.close_connection = True
-            return
-        while length > 0:
-            chunk = self.rfile.read(min(length, 1 << 16))
-            if not chunk:
-                break
-            length -= len(chunk)
-
-    def _read_chunked(self, too_large: Rejection) -> bytes:
-        body = bytearray()
-        total = 0
-        while True:
-            line = self.rfile.readline(1024)
-            try:
-                size = int(line.split(b";")[0].strip(), 16)
-            except ValueError:
-                self.close_connection = True
-                raise Rejection(400, "malformed chunked body") from None
-            if size == 0:
-                while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):
-                    pass  # trailers
-                if total > MAX_BODY_BYTES:
-                    raise too_large
-                return bytes(body)
-            total += size
-            if total > DRAIN_LIMIT_BYTES:
-                self.close_connection = True
-                raise too_large
-            chunk = self.rfile.read(size)
-            # Past the limit the rest is only drained, so the client sees the 413.
-            if total <= MAX_BODY_BYTES:
-                body += chunk
-            self.rfile.readline(1024)
-
-    def _shape(self, adapter: TypeAdapter[Any], raw: Any) -> Any:
-        try:
-            return adapter.validate_python(raw)
-        except ValidationError as exc:
-            error = exc.errors(include_url=False)[0]
-            where = ".".join(str(part) for part in error["loc"]) or "body"
-            raise Rejection(
-                422,
-                f"Failed to deserialize the JSON body into the target type: {where}: {error['msg']}",
-            ) from None
-
-    # Responses.
-
-    def _reply(self, status: int, body: bytes, content_type: str | None, **headers: str) -> None:
-        self.send_response(status, HTTPStatus(status).phrase)
-        if content_type is not None:
-            self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        for name, value in headers.items():
-            self.send_header(name.title(), value)
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(body)
-        self.wfile.flush()
-
-    def _stream(self, events: queue.Queue[dict[str, Any] | None] | None) -> None:
-        """Serves the SSE stream (chunked, as the worker's HTTP stack does) until it ends."""
-        self.close_connection = True
-        self.send_response(200, "OK")
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        self.wfile.flush()  # the client waits for the head before any event comes
-        try:
-            while events is not None:
-                try:
-                    event = events.get(timeout=self.bridge.keepalive_s)
-                except queue.Empty:
-                    chunk = b": keepalive\n\n"
-                else:
-                    if event is None:
-                        break
-                    chunk = b"data: " + json.dumps(event).encode() + b"\n\n"
-                self.wfile.write(b"%X\r\n%s\r\n" % (len(chunk), chunk))
-                self.wfile.flush()
-            self.wfile.write(b"0\r\n\r\n")
-            self.wfile.flush()
-        except OSError:
-            pass  # the client went away: the stream is over, later pushes go unannounced
-        finally:
-            if events is not None:
-                self.bridge.close_stream()

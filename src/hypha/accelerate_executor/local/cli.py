@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 from types import FrameType
 
+from hypha.accelerate_executor.local.jobs import JOB_KINDS
 from hypha.accelerate_executor.local.output import say
 
 
@@ -36,25 +37,33 @@ def _listen(text: str) -> tuple[str, int]:
 
 def _run_options_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(add_help=False)
-    run = parser.add_argument_group("run")
+    run = parser.add_argument_group("run (unset options take the job's defaults)")
+    run.add_argument(
+        "--job",
+        choices=JOB_KINDS,
+        default="causal-lm",
+        help="causal-lm (tiny GPT-2, default) or lenet (the default Hypha job's shape: LeNet as "
+        "remote code, an image processor, 1000-sample slices, batch 600)",
+    )
     run.add_argument("--workers", type=int, default=2, help="number of workers (default 2)")
     run.add_argument("--rounds", type=int, default=4, help="DiLoCo rounds (default 4)")
     run.add_argument(
-        "--steps-per-round", type=int, default=30, help="batches per round, H (default 30)"
+        "--steps-per-round",
+        type=int,
+        help="the round's sample target in batches per worker (causal-lm 30, lenet 4)",
     )
     run.add_argument(
-        "--lead", type=int, default=2, help="ScheduleUpdate counter: batches after it (default 2)"
+        "--samples-per-round",
+        type=int,
+        help="the round's sample target itself (upstream's avg_samples_between_updates); "
+        "default: steps-per-round x batch-size x workers",
     )
-    run.add_argument("--batch-size", type=int, default=8)
+    run.add_argument("--batch-size", type=int, help="each worker's batch (causal-lm 8, lenet 600)")
+    run.add_argument("--lr", type=float, help="inner learning rate (causal-lm 2e-3, lenet 1e-3)")
     run.add_argument(
-        "--lr", type=float, default=2e-3, help="inner AdamW learning rate (default 2e-3)"
+        "--lr-schedule", choices=["cosine-with-warmup", "linear-with-warmup", "constant"]
     )
-    run.add_argument(
-        "--lr-schedule",
-        choices=["cosine-with-warmup", "linear-with-warmup", "constant"],
-        default="cosine-with-warmup",
-    )
-    run.add_argument("--warmup-steps", type=int, default=10)
+    run.add_argument("--warmup-steps", type=int)
     run.add_argument(
         "--outer-lr", type=float, default=0.7, help="parameter server learning rate (default 0.7)"
     )
@@ -88,6 +97,12 @@ def _worker_options_parser() -> argparse.ArgumentParser:
         help="process (python -m ...training), shim (hypha-accelerate run --variant cpu), "
         "shim:VARIANT or toml:PATH "
         "(the first train/process [[executors]] entry of a worker TOML); default process",
+    )
+    worker.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="let the executor run a model's own code (the demo sets it for --job lenet, "
+        "whose model this project generates)",
     )
     worker.add_argument(
         "--work-base",
@@ -191,24 +206,28 @@ def main(argv: list[str]) -> int:
 def _with_run_options(args: argparse.Namespace) -> int:
     from hypha.accelerate_executor.local.coordinator import Catalog, Coordinator, RunOptions
 
-    options = RunOptions(
-        workers=args.workers,
-        rounds=args.rounds,
-        steps_per_round=args.steps_per_round,
-        lead=args.lead,
-        batch_size=args.batch_size,
-        learning_rate=args.lr,
-        lr_schedule=args.lr_schedule,
-        warmup_steps=args.warmup_steps,
-        outer_learning_rate=args.outer_lr,
-        outer_momentum=args.outer_momentum,
+    given = {
+        "workers": args.workers,
+        "rounds": args.rounds,
+        "steps_per_round": args.steps_per_round,
+        "samples_per_round": args.samples_per_round,
+        "batch_size": args.batch_size,
+        "learning_rate": args.lr,
+        "lr_schedule": args.lr_schedule,
+        "warmup_steps": args.warmup_steps,
+        "outer_learning_rate": args.outer_lr,
+        "outer_momentum": args.outer_momentum,
+    }
+    options = RunOptions.for_job(
+        args.job, **{name: value for name, value in given.items() if value is not None}
     )
     if args.command == "demo":
         from hypha.accelerate_executor.local.demo import run_demo
         from hypha.accelerate_executor.local.worker import WorkerError, executor_entry
 
         try:
-            executor = executor_entry(args.executor)
+            trust = args.trust_remote_code or options.job == "lenet"
+            executor = executor_entry(args.executor, trust_remote_code=trust)
         except WorkerError as exc:
             print(f"hypha-accelerate local: {exc}", file=sys.stderr)
             return 2
@@ -227,7 +246,7 @@ def _with_run_options(args: argparse.Namespace) -> int:
     from hypha.accelerate_executor.local.report import finish
 
     host, port = args.listen
-    catalog = Catalog.from_assets(ensure_assets(args.assets))
+    catalog = Catalog.from_assets(ensure_assets(args.assets, options.asset_spec()))
     try:
         coordinator = Coordinator(catalog, options, host=host, port=port)
     except OSError as exc:
@@ -260,7 +279,7 @@ def _worker(args: argparse.Namespace) -> int:
     try:
         worker = LocalWorker(
             args.name,
-            executor_entry(args.executor),
+            executor_entry(args.executor, trust_remote_code=args.trust_remote_code),
             args.work_base,
             owner=args.as_user,
             keep_work_dir=args.keep_work_dir,

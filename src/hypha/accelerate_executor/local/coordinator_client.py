@@ -1,21 +1,20 @@
-"""The workers' side of the coordinator's small TCP API (see coordinator.py for the routes).
+"""The workers' side of the coordinator's small TCP API (routes: coordinator_http.py).
 
 Torch-free: a compose worker that only runs the shim imports this, not the coordinator.
 """
 
 from __future__ import annotations
 
-import http.client
 import json
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, BinaryIO
 from urllib.parse import quote, urlsplit
 
-from hypha.accelerate_executor.bridge import idle_connection_is_spent
-from hypha.accelerate_executor.local.bridge_server import (
+import urllib3
+
+from hypha.accelerate_executor.local.backend import (
     ERROR_KINDS,
     BackendError,
     ErrorKind,
@@ -42,19 +41,21 @@ def _backend_error(status: int, raw: bytes) -> BackendError:
 
 
 class CoordinatorClient:
-    """Keeps its connections alive: a bridge reports every training step through here, and
-    a new TCP connection (and a new server thread) per report costs more CPU than the report."""
+    """Keeps its connections alive (urllib3's pool): a bridge reports every training step
+    through here, and a new TCP connection (and a new server thread) per report costs more
+    CPU than the report. A request is never sent twice: once it went out, a failure is the
+    caller's."""
 
     def __init__(self, url: str, timeout_s: float = 30.0) -> None:
         parts = urlsplit(url if "://" in url else f"http://{url}")
         if parts.scheme != "http" or not parts.hostname:
             raise CoordinatorError(f"coordinator URL must look like http://HOST:PORT, not {url!r}")
         self.url = f"http://{parts.hostname}:{parts.port or 80}"
-        self._host = parts.hostname
-        self._port = parts.port or 80
         self.timeout_s = timeout_s
-        self._idle: list[http.client.HTTPConnection] = []
-        self._idle_lock = threading.Lock()
+        # One connection per concurrent caller: the push poller, the status reporter, a fetch.
+        self._pool = urllib3.HTTPConnectionPool(
+            parts.hostname, parts.port or 80, maxsize=8, retries=False
+        )
 
     @contextmanager
     def request(
@@ -64,72 +65,37 @@ class CoordinatorClient:
         body: bytes | None = None,
         content_type: str = "application/json",
         timeout_s: float | None = None,
-    ) -> Iterator[http.client.HTTPResponse]:
+    ) -> Iterator[urllib3.BaseHTTPResponse]:
         """Sends one request; the caller reads the answer inside the `with` block.
 
         Raises BackendError(network_error) when the coordinator cannot be reached, and
         BackendError with the coordinator's kind when it answers an error.
         """
-        timeout = timeout_s or self.timeout_s
-        connection, response = self._exchange(method, path, body, content_type, timeout)
+        headers = {"Content-Type": content_type} if body is not None else {}
+        try:
+            response = self._pool.urlopen(
+                method,
+                path,
+                body=body,
+                headers=headers,
+                timeout=timeout_s or self.timeout_s,
+                preload_content=False,
+                release_conn=False,
+            )
+        except urllib3.exceptions.HTTPError as exc:
+            raise BackendError(
+                "network_error", f"coordinator at {self.url} unreachable: {exc}"
+            ) from None
         try:
             if response.status >= 400:
                 raise _backend_error(response.status, response.read())
             yield response
         except BaseException:
             # An answer left half read would be taken for the next request's answer.
-            if not response.isclosed():
-                connection.close()
+            response.close()
             raise
         finally:
-            self._release(connection, response)
-
-    def _exchange(
-        self, method: str, path: str, body: bytes | None, content_type: str, timeout: float
-    ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
-        headers = {"Content-Type": content_type} if body is not None else {}
-        connection, reused = self._acquire(timeout)
-        try:
-            try:
-                connection.request(method, path, body=body, headers=headers)
-                return connection, connection.getresponse()
-            except ConnectionError:  # http.client.RemoteDisconnected included
-                if not reused:
-                    raise
-                # Cut between the check and the request (the coordinator stopping): once more
-                # on a new connection, which tells a coordinator that is gone for good.
-                connection.close()
-                connection = http.client.HTTPConnection(self._host, self._port, timeout=timeout)
-                connection.request(method, path, body=body, headers=headers)
-                return connection, connection.getresponse()
-        except (OSError, http.client.HTTPException) as exc:
-            connection.close()
-            raise BackendError(
-                "network_error", f"coordinator at {self.url} unreachable: {exc}"
-            ) from None
-
-    def _acquire(self, timeout: float) -> tuple[http.client.HTTPConnection, bool]:
-        """An idle connection the coordinator has not closed, or a new one; and which it is."""
-        while True:
-            with self._idle_lock:
-                connection = self._idle.pop() if self._idle else None
-            if connection is None:
-                return http.client.HTTPConnection(self._host, self._port, timeout=timeout), False
-            if connection.sock is not None and not idle_connection_is_spent(connection.sock):
-                connection.sock.settimeout(timeout)
-                connection.timeout = timeout
-                return connection, True
-            connection.close()
-
-    def _release(
-        self, connection: http.client.HTTPConnection, response: http.client.HTTPResponse
-    ) -> None:
-        # http.client drops its socket itself when the answer said it would close.
-        if response.isclosed() and connection.sock is not None:
-            with self._idle_lock:
-                self._idle.append(connection)
-        else:
-            connection.close()
+            response.release_conn()
 
     def call(self, method: str, path: str, payload: Any = None) -> Any:
         body = None if payload is None else json.dumps(payload).encode()
@@ -200,7 +166,7 @@ class JobBackend:
             while True:
                 try:
                     chunk = response.read(1 << 20)
-                except (OSError, http.client.HTTPException) as exc:
+                except (OSError, urllib3.exceptions.HTTPError) as exc:
                     raise BackendError(
                         "network_error", f"download from the coordinator broke off: {exc}"
                     ) from None

@@ -79,14 +79,15 @@ def run_demo(
     timeout_s: float = 1800.0,
     keepalive_s: float = 5.0,
 ) -> int:
-    say("demo", "preparing the tiny model and data set (generated once, then cached)")
-    catalog = Catalog.from_assets(ensure_assets(assets_dir))
+    say("demo", f"preparing the {options.job} job's model and data (generated once, then cached)")
+    catalog = Catalog.from_assets(ensure_assets(assets_dir, options.asset_spec()))
     coordinator = Coordinator(catalog, options)
     coordinator.start()
     say(
         "demo",
-        f"coordinator at {coordinator.url}: {options.workers} workers x {options.rounds} rounds x "
-        f"{options.steps_per_round} steps, executor: {executor.cmd} {' '.join(executor.args[:2])} ...",
+        f"coordinator at {coordinator.url}: {options.job} job, {options.workers} workers x "
+        f"{options.rounds} rounds of {options.target_samples} samples (batch {options.batch_size}), "
+        f"executor: {executor.cmd} {' '.join(executor.args[:2])} ...",
     )
     client = CoordinatorClient(coordinator.url)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import selectors
 import shutil
 import signal
 import subprocess
@@ -24,14 +23,24 @@ from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from hypha.accelerate_executor.local.bridge_server import BackendError, BridgeBackend, BridgeServer
+from hypha.accelerate_executor.local.backend import BackendError, BridgeBackend
+from hypha.accelerate_executor.local.bridge_server import BridgeServer
 from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient, CoordinatorError
 from hypha.accelerate_executor.local.output import say, warn
+from hypha.accelerate_executor.supervisor import (
+    Interrupts,
+    StopPolicy,
+    Supervisor,
+    signal_exit_status,
+)
 
 TOKENS = re.compile(r"\{(SOCKET_PATH|WORK_DIR|JOB_JSON)\}")
 EXECUTOR_ARGS = ("--socket", "{SOCKET_PATH}", "--work-dir", "{WORK_DIR}", "--job", "{JOB_JSON}")
 # sun_path holds 108 bytes including the terminating NUL.
 MAX_SOCKET_PATH_BYTES = 107
+# A Hypha worker signals only its direct child, SIGKILLs it 5 s later, and leaves what the
+# child started alone (protocol.md section 1): the local worker plays exactly that.
+HYPHA_WORKER_KILL_AFTER_S = 5.0
 
 
 class WorkerError(Exception):
@@ -44,13 +53,20 @@ class ExecutorEntry:
 
     cmd: str
     args: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
 
 
-def preset(name: str) -> ExecutorEntry:
-    """`process`: the executor as a plain Python process; `shim`: through the cpu image."""
+def preset(name: str, *, trust_remote_code: bool = False) -> ExecutorEntry:
+    """`process`: the executor as a plain Python process; `shim`: through the cpu image.
+
+    `trust_remote_code`: the executor may run a model's own code (the lenet job's model is
+    remote code). A native executor is not sandboxed, so it refuses that unless
+    HYPHA_TRUST_REMOTE_CODE=1; the local worker sets it only for the model this project
+    generates itself, offline."""
     if name == "process":
+        env = (("HYPHA_TRUST_REMOTE_CODE", "1"),) if trust_remote_code else ()
         return ExecutorEntry(
-            sys.executable, ("-m", "hypha.accelerate_executor.training", *EXECUTOR_ARGS)
+            sys.executable, ("-m", "hypha.accelerate_executor.training", *EXECUTOR_ARGS), env
         )
     if name == "shim" or name.startswith("shim:"):
         variant = name.partition(":")[2] or "cpu"
@@ -59,7 +75,8 @@ def preset(name: str) -> ExecutorEntry:
         command = shutil.which("hypha-accelerate") or (
             str(beside) if beside.is_file() else "hypha-accelerate"
         )
-        return ExecutorEntry(command, ("run", "--variant", variant, *EXECUTOR_ARGS))
+        trust = ("--trust-remote-code",) if trust_remote_code else ()
+        return ExecutorEntry(command, ("run", "--variant", variant, *trust, *EXECUTOR_ARGS))
     raise WorkerError(
         f"unknown executor preset {name!r}: use process, shim, shim:VARIANT or toml:PATH"
     )
@@ -96,11 +113,11 @@ def load_toml_entry(path: Path) -> ExecutorEntry:
     )
 
 
-def executor_entry(spec: str) -> ExecutorEntry:
-    """`process`, `shim` (the cpu variant), `shim:VARIANT` or `toml:PATH`."""
+def executor_entry(spec: str, *, trust_remote_code: bool = False) -> ExecutorEntry:
+    """`process`, `shim` (the cpu variant), `shim:VARIANT` or `toml:PATH` (taken as it is)."""
     if spec.startswith("toml:"):
         return load_toml_entry(Path(spec.removeprefix("toml:")))
-    return preset(spec)
+    return preset(spec, trust_remote_code=trust_remote_code)
 
 
 def substitute(arg: str, values: dict[str, str]) -> str:
@@ -125,7 +142,7 @@ class LocalWorker:
         owner: tuple[int, int] | None = None,
         keep_work_dir: bool = False,
         keepalive_s: float = 5.0,
-        kill_after_s: float = 5.0,
+        kill_after_s: float = HYPHA_WORKER_KILL_AFTER_S,
         env: dict[str, str] | None = None,
     ) -> None:
         self.name = name
@@ -137,7 +154,8 @@ class LocalWorker:
         self.kill_after_s = kill_after_s
         self.env = dict(env or {})
         self._lock = threading.Lock()
-        self._process: subprocess.Popen[bytes] | None = None
+        self._supervisor: Supervisor | None = None
+        self._why = ""
         self._cancelled = False
 
     def run(self, job_json: str, backend: BridgeBackend) -> JobResult:
@@ -173,13 +191,8 @@ class LocalWorker:
         """SIGTERM to the executor (its process only, as the worker does); SIGKILL 5 s later."""
         with self._lock:
             self._cancelled = True
-            process = self._process
-        if process is None or process.poll() is not None:
-            return
-        process.send_signal(signal.SIGTERM)
-        threading.Thread(
-            target=self._kill_if_alive, args=(process, "ignored SIGTERM"), daemon=True
-        ).start()
+            if self._supervisor is not None:
+                self._stop("ignored SIGTERM", signal.SIGTERM)
 
     def _make_work_dir(self) -> Path:
         try:
@@ -204,81 +217,76 @@ class LocalWorker:
     def _run_executor(self, work_dir: Path, socket_path: Path, job_json: str) -> int:
         values = {"SOCKET_PATH": str(socket_path), "WORK_DIR": str(work_dir), "JOB_JSON": job_json}
         argv = [self.executor.cmd, *(substitute(arg, values) for arg in self.executor.args)]
+        policy = StopPolicy(whole_group=False, grace_s=self.kill_after_s, kill_leftovers=False)
+        supervisor = Supervisor(Interrupts(signals=()), policy)
+        reading = _StdoutReader(self)
         with self._lock:
             if self._cancelled:
-                return 128 + signal.SIGTERM
+                return signal_exit_status(signal.SIGTERM)
             try:
                 # Its own process group: a Ctrl-C at the terminal reaches this process, which
                 # cancels the job the worker's way, and not the executor directly.
-                process = subprocess.Popen(
+                supervisor.start(
                     argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    env={**os.environ, **self.env, **values},
-                    process_group=0,
+                    {**os.environ, **dict(self.executor.env), **self.env, **values},
+                    on_output=reading.feed,
                 )
             except OSError as exc:
                 raise WorkerError(
                     f"cannot start the executor {self.executor.cmd}: {exc.strerror}"
                 ) from None
-            self._process = process
-        stop_reading = threading.Event()
-        pump = threading.Thread(
-            target=self._pump, args=(process, stop_reading), name=f"{self.name}-stdout", daemon=True
-        )
-        pump.start()
-        exit_code = process.wait()
-        pump.join(2.0)
-        if pump.is_alive():
-            stop_reading.set()
-            pump.join()
+            self._supervisor = supervisor
+        exit_code = supervisor.wait()
+        with self._lock:
+            self._supervisor = None
+        if supervisor.killed:
+            warn(self.name, f"the executor {self._why} after {self.kill_after_s:g} s: SIGKILL")
+        if supervisor.output_held:
             warn(self.name, "processes the executor started still hold its stdout after it exited")
-        # A signal death reads as the shell shows it: 128 + the signal.
-        return exit_code if exit_code >= 0 else 128 - exit_code
+        return exit_code
 
-    def _pump(self, process: subprocess.Popen[bytes], stop_reading: threading.Event) -> None:
-        """Re-prints the child's stdout; like the worker, stops at EOF or non-UTF-8 and kills 5 s later."""
-        assert process.stdout is not None
-        fd = process.stdout.fileno()
-        pending = b""
-        why = "closed its stdout"
-        with selectors.DefaultSelector() as selector:
-            selector.register(fd, selectors.EVENT_READ)
-            while not stop_reading.is_set():
-                if not selector.select(timeout=0.2):
-                    continue
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    if pending and not self._echo(pending):
-                        why = "wrote a non-UTF-8 line"
-                    break
-                pending += chunk
-                *lines, pending = pending.split(b"\n")
-                if not all(self._echo(line) for line in lines):
-                    why = "wrote a non-UTF-8 line"
-                    break
-        process.stdout.close()
-        if not stop_reading.is_set():
-            self._kill_if_alive(process, f"{why} and is still running")
+    def _stop(self, why: str, signum: int | None) -> None:
+        """Stops the executor as the worker does: `signum` (if any), SIGKILL 5 s later."""
+        supervisor = self._supervisor
+        if supervisor is not None and not supervisor.interrupts.stopping:
+            self._why = why
+            supervisor.interrupts.stop(signum)
+
+
+class _StdoutReader:
+    """Re-prints the child's stdout; like the worker, stops at the first non-UTF-8 line or
+    when the child closes it, and has the child killed 5 s later."""
+
+    def __init__(self, worker: LocalWorker) -> None:
+        self._worker = worker
+        self._pending = b""
+
+    def feed(self, chunk: bytes) -> bool:
+        worker = self._worker
+        if not chunk:
+            if self._pending and not self._echo(self._pending):
+                return False
+            with worker._lock:
+                worker._stop("closed its stdout and is still running", None)
+            return False
+        self._pending += chunk
+        *lines, self._pending = self._pending.split(b"\n")
+        return all(self._echo(line) for line in lines)
 
     def _echo(self, line: bytes) -> bool:
+        worker = self._worker
         try:
             text = line.decode("utf-8")
         except UnicodeDecodeError:
             warn(
-                self.name,
-                f"the executor wrote a non-UTF-8 line; stopped reading its stdout, killing it in {self.kill_after_s:g} s",
+                worker.name,
+                f"the executor wrote a non-UTF-8 line; stopped reading its stdout, killing it in {worker.kill_after_s:g} s",
             )
+            with worker._lock:
+                worker._stop("wrote a non-UTF-8 line and is still running", None)
             return False
-        say(self.name, text.removesuffix("\r"))
+        say(worker.name, text.removesuffix("\r"))
         return True
-
-    def _kill_if_alive(self, process: subprocess.Popen[bytes], why: str) -> None:
-        try:
-            process.wait(self.kill_after_s)
-        except subprocess.TimeoutExpired:
-            warn(self.name, f"the executor {why} after {self.kill_after_s:g} s: SIGKILL")
-            process.kill()
 
 
 def remove_work_dir(work_dir: Path, owner: tuple[int, int] | None) -> list[str]:

@@ -1,0 +1,152 @@
+"""What a local run is: its options, the job kinds it can play, and the job spec each
+worker gets, shaped exactly as a Hypha scheduler sends it (protocol.md sections 4 and 8)."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, replace
+from typing import Any, Literal, get_args
+
+from hypha.accelerate_executor.local.assets import AssetKind, AssetSpec
+from hypha.accelerate_executor.local.data_service import Catalog
+from hypha.accelerate_executor.local.lenet import LeNetSpec
+
+JobKind = Literal["causal-lm", "lenet"]
+JOB_KINDS: tuple[JobKind, ...] = get_args(JobKind)
+LrSchedule = Literal["cosine-with-warmup", "linear-with-warmup", "constant"]
+_BASE58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+
+
+def new_peer_id() -> str:
+    """A libp2p Ed25519 peer id ("12D3KooW..."): base58 of an identity multihash of a random key."""
+    raw = bytes([0x00, 0x24, 0x08, 0x01, 0x12, 0x20]) + secrets.token_bytes(32)
+    number = int.from_bytes(raw, "big")
+    digits = ""
+    while number:
+        number, digit = divmod(number, 58)
+        digits = _BASE58[digit] + digits
+    # Each leading zero byte is a leading "1".
+    return "1" * (len(raw) - len(raw.lstrip(b"\0"))) + digits
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    # causal-lm: the tiny GPT-2 on Markov text; lenet: the default Hypha job's shape.
+    job: JobKind = "causal-lm"
+    workers: int = 2
+    rounds: int = 4
+    # The round's sample target, in batches per worker: steps x batch_size x workers
+    # samples, unless samples_per_round (upstream's avg_samples_between_updates) is given.
+    steps_per_round: int = 30
+    samples_per_round: int | None = None
+    batch_size: int = 8
+    learning_rate: float = 2e-3
+    betas: tuple[float, float] | None = (0.9, 0.95)
+    epsilon: float | None = 1e-8
+    lr_schedule: LrSchedule = "cosine-with-warmup"
+    warmup_steps: int = 10
+    outer_learning_rate: float = 0.7
+    outer_momentum: float = 0.9
+
+    def __post_init__(self) -> None:
+        for name in ("workers", "rounds", "steps_per_round", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name.replace('_', '-')} must be at least 1")
+        if self.samples_per_round is not None and self.samples_per_round < 1:
+            raise ValueError("samples-per-round must be at least 1")
+        if self.warmup_steps < 0:
+            raise ValueError("warmup-steps must not be negative")
+        if self.learning_rate <= 0 or self.outer_learning_rate <= 0:
+            raise ValueError("learning rates must be positive")
+        if self.job not in JOB_KINDS:
+            raise ValueError(f"job must be one of {', '.join(JOB_KINDS)}, not {self.job!r}")
+
+    @classmethod
+    def for_job(cls, job: JobKind, **overrides: Any) -> RunOptions:
+        """The job kind's defaults, then `overrides`."""
+        return replace(cls(job=job, **JOB_DEFAULTS.get(job, {})), **overrides)
+
+    @property
+    def target_samples(self) -> int:
+        return self.samples_per_round or self.steps_per_round * self.batch_size * self.workers
+
+    def asset_spec(self) -> AssetKind:
+        return LeNetSpec() if self.job == "lenet" else AssetSpec()
+
+
+# What upstream's DiLoCo::default() sends: Adam at 1e-3 with null betas and epsilon, no LR
+# schedule, and a batch (the scheduler caps it at 600) that does not divide the
+# 1000-sample slices, so batches cross slice boundaries.
+JOB_DEFAULTS: dict[JobKind, dict[str, Any]] = {
+    "lenet": {
+        "batch_size": 600,
+        "steps_per_round": 4,
+        "learning_rate": 1e-3,
+        "betas": None,
+        "epsilon": None,
+        "lr_schedule": "constant",
+    },
+}
+
+
+def huggingface(repository: str, filenames: tuple[str, ...]) -> dict[str, Any]:
+    return {
+        "type": "huggingface",
+        "repository": repository,
+        "revision": None,
+        "filenames": list(filenames),
+        "token": None,
+    }
+
+
+def job_spec(
+    job_id: str, options: RunOptions, catalog: Catalog, scheduler_peer: str, parameter_server: str
+) -> dict[str, Any]:
+    """The job JSON for one worker."""
+    peers = {
+        "type": "peers",
+        "peers": [parameter_server],
+        "strategy": {"type": "All"},
+        "resource": None,
+    }
+    lenet = options.job == "lenet"
+    config: dict[str, Any] = {
+        "model": {
+            "task": "image-classification" if lenet else "causal-lm",
+            "artifact": huggingface(catalog.model_repository, catalog.model_filenames),
+            "input-names": ["pixel_values", "labels"] if lenet else ["input_ids", "labels"],
+        },
+        "data": {"type": "scheduler", "peer": scheduler_peer, "dataset": catalog.dataset_name},
+        "updates": peers,
+        "results": dict(peers),
+        "optimizer": {
+            "learning-rate": options.learning_rate,
+            "betas": list(options.betas) if options.betas is not None else None,
+            "epsilon": options.epsilon,
+        },
+        "batch_size": options.batch_size,
+    }
+    if catalog.preprocessor_filenames:
+        config["preprocessor"] = {
+            "task": "image",
+            "artifact": huggingface(catalog.model_repository, catalog.preprocessor_filenames),
+            "input-names": ["images"],
+        }
+    if options.lr_schedule != "constant":
+        # Training steps are what a worker trains at the round's target pace.
+        steps = options.rounds * -(
+            -options.target_samples // (options.batch_size * options.workers)
+        )
+        config["scheduler"] = {
+            "type": options.lr_schedule,
+            "warmup_steps": options.warmup_steps,
+            "training_steps": steps,
+        }
+    return {
+        "job_id": job_id,
+        "executor": {
+            "class": "train",
+            "descriptor": {"name": "diloco-transformer"},
+            "config": config,
+        },
+    }
