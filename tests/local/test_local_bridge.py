@@ -89,8 +89,29 @@ def test_fetch_scheduler_gives_distinct_slices_named_by_index(
         seen.append(int(entry["path"].removeprefix("artifacts/")))
         tensors = load_file(server.work_dir / entry["path"])
         assert tensors["input_ids"].dtype == torch.int64
-    # Four slices: distinct until they run out, then round again.
+    # Four slices: distinct until they run out; on the next pass each worker gets its own.
     assert seen == [0, 1, 2, 3, 0]
+
+
+def test_a_slice_fetched_again_is_rewritten_in_place(bridge, connect):
+    _, server, job = bridge
+    connection = connect(server.socket_path)
+    data = job["executor"]["config"]["data"]
+    paths = [connection.post_json("/resources/fetch", data)[1][0]["path"] for _ in range(4)]
+    assert paths == ["artifacts/0", "artifacts/1", "artifacts/2", "artifacts/3"]
+    first = server.work_dir / "artifacts" / "0"
+    size = first.stat().st_size
+    # A reader that still holds the file: a hard link to it, emptied.
+    held = server.work_dir / "held"
+    os.link(first, held)
+    os.truncate(held, 0)
+    # The only worker gets slice 0 again: File::create truncates and writes that same
+    # inode, so the holder sees the rewrite (a write-and-rename would leave it empty).
+    assert connection.post_json("/resources/fetch", data)[1] == [
+        {"path": "artifacts/0", "size": size}
+    ]
+    assert held.stat().st_size == size and os.path.samefile(held, first)
+    assert mode(first) == 0o600
 
 
 @pytest.mark.parametrize(
@@ -454,6 +475,7 @@ def test_update_received_answers_continue_then_done(
     config = job["executor"]["config"]
     _, _, stream = receive(server.socket_path, {"resource": config["results"]})
     connection = connect(server.socket_path)
+    held = server.work_dir / "held-update"
     for round_, expected in enumerate(({"type": "Continue"}, {"type": "Done"})):
         # The target is one status of 2 samples: reached at once, so ScheduleUpdate{0}.
         assert connection.post_json("/status/send", {"status": {"batch_size": 2}})[1] == {
@@ -469,7 +491,12 @@ def test_update_received_answers_continue_then_done(
             == 200
         )
         assert connection.post_json("/status/send", "update")[1] == {"type": "Ok"}
-        stream.next_event()
+        update = server.work_dir / stream.next_event()["path"]
+        if round_ == 0:
+            os.link(update, held)  # a reader still holding the first round's update
+        else:
+            # The second round's update was written into that same file, in place.
+            assert os.path.samefile(update, held)
         assert connection.post_json("/status/send", "update-received")[1] == expected
     record = next(iter(coordinator.workers.values()))
     assert record.violations == []

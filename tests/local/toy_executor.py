@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load, save_file
 from transformers import AutoModelForCausalLM
 
 
@@ -64,7 +64,8 @@ def batches(
 ) -> Iterator[dict[str, torch.Tensor]]:
     while True:
         [entry] = bridge.call("/resources/fetch", data)
-        tensors = load_file(work_dir / entry["path"])
+        # Read whole, not mapped: the bridge may rewrite the file in place later.
+        tensors = load((work_dir / entry["path"]).read_bytes())
         samples = next(iter(tensors.values())).shape[0]
         for start in range(0, samples - batch_size + 1, batch_size):
             yield {name: tensor[start : start + batch_size] for name, tensor in tensors.items()}
@@ -117,7 +118,7 @@ def main() -> int:
         mean_loss = sum(losses) / len(losses)
         bridge.call("/status/send", {"metrics": {"round": round_, "metrics": {"loss": mean_loss}}})
         bridge.call("/status/send", "update")
-        update = load_file(args.work_dir / events.get(timeout=300)["path"])
+        update = load((args.work_dir / events.get(timeout=300)["path"]).read_bytes())
         global_state = {key: value + update[key] for key, value in global_state.items()}
         model.load_state_dict(global_state)
         answer = bridge.call("/status/send", "update-received")

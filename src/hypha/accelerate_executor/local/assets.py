@@ -57,7 +57,9 @@ class AssetSpec:
     seq_len: int = 64
     # Successors per token: fewer means a lower floor for the loss.
     branching: int = 4
-    slices: int = 64
+    # Few enough that a demo run goes over the data set more than once: each worker then
+    # gets its slices again and its bridge rewrites them in place, as on a real network.
+    slices: int = 12
     samples_per_slice: int = 64
     n_embd: int = 128
     n_layer: int = 2
