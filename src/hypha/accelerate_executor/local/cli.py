@@ -27,6 +27,14 @@ def _owner(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(f"expected UID:GID, got {text!r}") from None
 
 
+def _count_or_unset(text: str) -> int | None:
+    """An integer, or None for an empty value (compose passes unset variables as empty)."""
+    try:
+        return int(text) if text else None
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
 def _listen(text: str) -> tuple[str, int]:
     host, _, port = text.rpartition(":")
     try:
@@ -46,11 +54,11 @@ def _run_options_parser() -> argparse.ArgumentParser:
         "remote code, an image processor, 1000-sample slices, batch 600)",
     )
     run.add_argument("--workers", type=int, default=2, help="number of workers (default 2)")
-    run.add_argument("--rounds", type=int, default=4, help="DiLoCo rounds (default 4)")
+    run.add_argument("--rounds", type=_count_or_unset, help="DiLoCo rounds (causal-lm 4, lenet 6)")
     run.add_argument(
         "--steps-per-round",
-        type=int,
-        help="the round's sample target in batches per worker (causal-lm 30, lenet 4)",
+        type=_count_or_unset,
+        help="the round's sample target in batches per worker (causal-lm 30, lenet 8)",
     )
     run.add_argument(
         "--samples-per-round",

@@ -79,8 +79,9 @@ class RunOptions:
 # 1000-sample slices, so batches cross slice boundaries.
 JOB_DEFAULTS: dict[JobKind, dict[str, Any]] = {
     "lenet": {
+        "rounds": 6,
         "batch_size": 600,
-        "steps_per_round": 4,
+        "steps_per_round": 8,
         "learning_rate": 1e-3,
         "betas": None,
         "epsilon": None,
