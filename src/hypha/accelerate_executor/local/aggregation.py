@@ -17,15 +17,16 @@ MAX_WAIT_S = 30.0
 
 class Aggregation:
     """One job's rounds of pseudo-gradients. Every method but the background average runs
-    under `lock`, the coordinator's condition; `running()` names the jobs still running and
-    `closed(record)` hears of each finished round (under the lock as well)."""
+    under `lock`, the coordinator's condition; `senders()` names the jobs a round waits for
+    (None until every worker has joined) and `closed(record)` hears of each finished round
+    (under the lock as well)."""
 
     def __init__(
         self,
         optimizer: NesterovOuterOptimizer,
         peer: str,
         lock: threading.Condition,
-        running: Callable[[], list[str]],
+        senders: Callable[[], list[str] | None],
         closed: Callable[[dict[str, Any]], None],
         failed: Callable[[str], None],
     ) -> None:
@@ -33,7 +34,7 @@ class Aggregation:
         self.rounds: list[dict[str, Any]] = []
         self._optimizer = optimizer
         self._lock = lock
-        self._running = running
+        self._senders = senders
         self._closed = closed
         self._failed = failed
         self._pending: dict[str, bytes] = {}
@@ -50,8 +51,10 @@ class Aggregation:
 
     def maybe_start(self) -> None:
         """Starts the average once every running job has sent its file."""
-        running = self._running()
-        if self._busy or not self._pending or any(job not in self._pending for job in running):
+        senders = self._senders()
+        if self._busy or not self._pending or senders is None:
+            return
+        if any(job not in self._pending for job in senders):
             return
         files, self._pending = self._pending, {}
         self._busy = True
@@ -81,7 +84,7 @@ class Aggregation:
                 "skipped_tensors": skipped,
             }
             self.rounds.append(record)
-            for job_id in self._running():
+            for job_id in self._senders() or []:
                 seq = self._seq[job_id] = self._seq.get(job_id, 0) + 1
                 self._pushes.setdefault(job_id, []).append(Push(seq, self.peer, update))
             self._busy = False

@@ -58,7 +58,7 @@ class Coordinator:
             NesterovOuterOptimizer(options.outer_learning_rate, options.outer_momentum),
             self.parameter_server_peer,
             self._cond,
-            running=lambda: [j for j, w in self.workers.items() if w.exit_code is None],
+            senders=self._senders,
             closed=self._round_closed,
             failed=self.cancel,
         )
@@ -247,6 +247,12 @@ class Coordinator:
                 raise Refusal(502, "network_error", f"peer {peer} is not reachable")
             if not self.aggregation.submit(job_id, data):
                 self._violation(record, f"a second pseudo-gradient in round {record.round.index}")
+
+    def _senders(self) -> list[str] | None:
+        """The jobs a round waits for: every running one, once every worker has joined."""
+        if len(self.workers) < self.options.workers:
+            return None
+        return [job for job, worker in self.workers.items() if worker.exit_code is None]
 
     def _round_closed(self, aggregation: dict[str, Any]) -> None:
         """Under the lock: the update is out, so the scheduler starts the next round."""
