@@ -40,7 +40,7 @@ TRAINING_MODULE = "hypha.accelerate_executor.training"
 # The worker waits 5 s before SIGKILL; the job must be gone in 3 s, so the ranks get this
 # long to exit on SIGTERM before the launcher kills what is left.
 TERM_GRACE_S = 2.5
-VARIANTS = ("cpu", "cu126", "cu129", "rocm64", "mps")
+VARIANTS = ("cpu", "cu126", "cu129", "cu130", "rocm64", "mps")
 EXIT_USAGE = 2
 AMD_VENDOR_ID = "0x1002"
 
@@ -108,7 +108,7 @@ def count_gpus(
     """GPUs this process may use. The NVIDIA runtime and `--device` put only the granted
     devices into the container's /dev, so the nodes there are the truth; the visibility
     variables can narrow them further."""
-    if variant in ("cu126", "cu129"):
+    if variant in ("cu126", "cu129", "cu130"):
         found = len(_nvidia_nodes(dev))
         limit = _visible_limit(env, ("CUDA_VISIBLE_DEVICES",))
     elif variant == "rocm64":
