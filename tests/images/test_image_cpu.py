@@ -18,7 +18,7 @@ pytestmark = pytest.mark.docker
 
 # Runs inside the container as the arbitrary uid: what the process sees of itself.
 PROBE = r"""
-import importlib.metadata as md, json, os, pathlib, sys
+import importlib.metadata as md, importlib.util, json, os, pathlib, sys
 def writable(path):
     try:
         pathlib.Path(path).mkdir(parents=True, exist_ok=True)
@@ -46,6 +46,7 @@ print(json.dumps({
                              if p.name.startswith(("libcudart", "libcublas", "libcudnn", "libnccl"))),
     "configs": sorted(p.name for p in pathlib.Path(os.environ["HYPHA_ACCELERATE_CONFIGS"]).iterdir()),
     "pillow": PIL.__version__,
+    "pip": importlib.util.find_spec("pip") is not None,
     "torch_bin": sorted(p.name for p in (site / "torch" / "bin").iterdir()),
     "left_out": sorted(str(p.relative_to(site)) for p in (
         site / "torch" / "test", site / "torch" / "include",
@@ -112,10 +113,11 @@ def test_is_at_most_1_1_gb(docker_api: Any, cpu_image: str) -> None:
 
 
 def test_leaves_out_what_the_executor_never_opens(probe: dict[str, Any]) -> None:
-    # torch's C++ test programs and headers (no compiler here to build against them), and
-    # the test suites of numpy, sympy, networkx and mpmath.
+    # torch's C++ test programs and headers (no compiler here to build against them), the
+    # test suites of numpy, sympy, networkx and mpmath, and pip (it only installs).
     assert probe["left_out"] == []
     assert probe["torch_bin"] == ["torch_shm_manager"]
+    assert not probe["pip"]
 
 
 def test_tensors_shared_between_processes_still_work(cpu_image: str) -> None:
