@@ -4,9 +4,9 @@ CUDA cannot run, but its libraries must load, and the image must train on the CP
 
 Marked `cuda_image` and left out of the default run (pyproject's addopts say
 `-m "not cuda_image"`), so `bash .ci/run` does not run it: on a fresh CI machine its
-wheelhouse is a 2.6 GB download and the build adds about ten minutes and 17 GB of disk
-(wheelhouse, build context, the venv stage and the 7 GB image) to a run that has 90 minutes
-and a disk shared with every other image. Run it with
+wheelhouse is a 2.6 GB download, and wheelhouse and build add about seven minutes and some
+17 GB of disk (wheelhouse, its copies in two build stages, the installed venv, the 5.3 GB
+image) to a run that has 90 minutes and a disk shared with every other image. Run it with
 `pytest -m cuda_image tests/images/test_image_cu130.py`; it builds the image when missing.
 """
 
