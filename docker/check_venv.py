@@ -1,4 +1,4 @@
-"""Build-time checks of /opt/venv, run by the Dockerfile's venv stage.
+"""Build-time checks of /opt/venv, run by the Dockerfile's deps stage.
 
 Fails the build (one line on stderr, exit 1) when the venv would make the image lie:
 a torch version other than the one its label states, CUDA libraries in the cpu image,

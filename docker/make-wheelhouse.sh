@@ -5,6 +5,9 @@
 # plus setuptools and wheel for building the project wheel. Uses the
 # host's pip and its configuration (here: torch 2.13.0+cpu from /opt/wheels). The host's
 # Python must match the image's (CPython 3.11 on Linux x86_64) for the wheels to fit.
+# Several variants may share one DEST: each pins its own torch build (cu130's `===` pin
+# refuses the +cpu one), so compose's one wheelhouse can serve a GPU executor and the
+# cluster's cpu image.
 #
 # usage: docker/make-wheelhouse.sh VARIANT [DEST]
 #   VARIANT  a file name under docker/requirements/ without .txt (cpu, ci-standin-cu126, ...)
@@ -21,6 +24,10 @@ requirements=$here/requirements/$variant.txt
 dest=${2:-$here/wheelhouse/$variant}
 python=${PYTHON:-python3}
 
+if [ "$variant" = cluster ]; then
+    echo "make-wheelhouse: cluster.txt goes into every variant's wheelhouse; name a variant (cpu, cu130, ...)" >&2
+    exit 2
+fi
 if [ ! -f "$requirements" ]; then
     echo "make-wheelhouse: no requirements for $variant ($requirements)" >&2
     exit 2

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from hypha.accelerate_executor.shim.variants import image_tags
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="session")
@@ -23,6 +29,24 @@ def docker_api() -> Any:
     except Exception as exc:
         pytest.fail(f"no Docker engine ({exc}); deselect these tests with -m 'not docker'")
     return api
+
+
+@pytest.fixture(scope="session")
+def cpu_image(docker_api: Any) -> str:
+    """The cpu image of this version, built offline once when missing (tests/run.sh builds
+    it first, so normally this only finds it)."""
+    from docker.errors import ImageNotFound
+
+    tag = image_tags("cpu")[0]
+    try:
+        docker_api.inspect_image(tag)
+    except ImageNotFound:
+        built = subprocess.run(
+            [sys.executable, "-m", "hypha.accelerate_executor.cli", "build", "cpu", "--offline"],
+            capture_output=True, text=True, timeout=1800, cwd=REPO,
+        )  # fmt: skip
+        assert built.returncode == 0, built.stdout[-3000:] + built.stderr
+    return tag
 
 
 @pytest.fixture

@@ -1,18 +1,21 @@
-"""Fixtures for the image tests: the real Docker engine and the cpu image, built offline
-once per session when the current version's image is missing (tests/run.sh builds it
-first, so normally this only reuses it)."""
+"""Fixtures for the image tests: the real Docker engine and the cpu image (tests/conftest.py),
+and a work base for jobs in containers."""
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-from image_harness import CPU_IMAGE, hypha_accelerate, image_exists
 
 
-@pytest.fixture(scope="session")
-def cpu_image(docker_api: Any) -> str:
-    if not image_exists(docker_api, CPU_IMAGE):
-        built = hypha_accelerate("build", "cpu", "--offline")
-        assert built.returncode == 0, built.stdout[-3000:] + built.stderr
-    return CPU_IMAGE
+@pytest.fixture
+def work_base() -> Iterator[Path]:
+    # Short (the socket path must fit 107 bytes) and traversable by the worker's uid.
+    base = Path(f"/tmp/hypha-img-{os.getpid()}")
+    base.mkdir(mode=0o755)
+    yield base
+    for leftover in base.iterdir():
+        pytest.fail(f"work dir left behind: {leftover}")
+    base.rmdir()

@@ -1,14 +1,26 @@
-"""Helpers for the image tests: the console command, hardened `docker run`, image lookup."""
+"""Helpers for the image tests: the console command, hardened `docker run`, image lookup, and
+a job of the local stand-in run in a container the way a worker's TOML entry runs it."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from hypha.accelerate_executor import __version__
+from hypha.accelerate_executor.local.assets import ensure_assets
+from hypha.accelerate_executor.local.coordinator import Catalog, Coordinator, RunOptions
+from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
+from hypha.accelerate_executor.local.worker import (
+    EXECUTOR_ARGS,
+    ExecutorEntry,
+    LocalWorker,
+    serve_one_job,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU_IMAGE = f"hypha-accelerate-executor:{__version__}-cpu"
@@ -25,6 +37,7 @@ HARDENED = (
     "no-new-privileges",
 )
 ARBITRARY_USER = "4321:4321"
+WORKER_UID, WORKER_GID = (int(part) for part in ARBITRARY_USER.split(":"))
 
 
 def hypha_accelerate(*args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
@@ -58,3 +71,51 @@ def image_exists(api: Any, name: str) -> bool:
     except ImageNotFound:
         return False
     return True
+
+
+def docker_entry(image: str, *launcher_args: str) -> ExecutorEntry:
+    """The worker TOML's docker entry (shared/examples/worker-executors.toml, no --init)."""
+    return ExecutorEntry(
+        "docker",
+        (
+            "run",
+            "--rm",
+            "--user",
+            ARBITRARY_USER,
+            *HARDENED,
+            "--volume",
+            "{WORK_DIR}:{WORK_DIR}",
+            image,
+            *EXECUTOR_ARGS,
+            *launcher_args,
+        ),
+    )
+
+
+def run_job(
+    entry: ExecutorEntry, work_base: Path, options: RunOptions, cancel_after_batches: int = 0
+) -> dict[str, Any]:
+    """One job of the local stand-in as worker w1 with the worker's uid; its summary record."""
+    coordinator = Coordinator(Catalog.from_assets(ensure_assets()), options)
+    coordinator.start()
+    try:
+        worker = LocalWorker("w1", entry, work_base, owner=(WORKER_UID, WORKER_GID))
+        if cancel_after_batches:
+            threading.Thread(
+                target=_cancel_when_training,
+                args=(coordinator, worker, cancel_after_batches),
+                daemon=True,
+            ).start()
+        serve_one_job(CoordinatorClient(coordinator.url), worker)
+        return dict(coordinator.summary()["workers"]["w1"])
+    finally:
+        coordinator.stop()
+
+
+def _cancel_when_training(coordinator: Coordinator, worker: LocalWorker, batches: int) -> None:
+    while (
+        coordinator.summary()["workers"].get("w1", {}).get("rounds", [{}])[0].get("batches", 0)
+        < batches
+    ):
+        time.sleep(0.2)
+    worker.cancel()

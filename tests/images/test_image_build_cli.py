@@ -91,3 +91,16 @@ def test_progress_condenses_the_stream_to_step_lines(capsys: pytest.CaptureFixtu
         "last error output: ERROR: No matching distribution found for x (full log: build.log)"
     )
     assert "Collecting x" in log.getvalue()
+
+
+def test_the_cluster_packages_make_no_wheelhouse_of_their_own() -> None:
+    # compose.yaml's one wheelhouse is a variant's: cluster.txt goes into every one.
+    result = subprocess.run(
+        ["sh", str(ROOT / "docker" / "make-wheelhouse.sh"), "cluster"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "make-wheelhouse: cluster.txt goes into every variant's wheelhouse; "
+        "name a variant (cpu, cu130, ...)"
+    ]

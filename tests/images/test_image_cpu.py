@@ -1,5 +1,6 @@
 """The cpu image, built offline: labels, an arbitrary non-root uid under the production
-hardening, no CUDA libraries, the bundled configs, the launcher as entrypoint."""
+hardening, no CUDA libraries, the bundled configs, the launcher as entrypoint, and at most
+1.1 GB: what the executor never opens is left out, what it may need is kept and works."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.docker
 
 # Runs inside the container as the arbitrary uid: what the process sees of itself.
 PROBE = r"""
-import importlib.metadata as md, json, os, pathlib, sys
+import importlib.metadata as md, importlib.util, json, os, pathlib, sys
 def writable(path):
     try:
         pathlib.Path(path).mkdir(parents=True, exist_ok=True)
@@ -25,8 +26,9 @@ def writable(path):
         return True
     except OSError:
         return False
-import torch, transformers, accelerate
+import torch, transformers, accelerate, PIL.Image
 venv = pathlib.Path(sys.prefix)
+site = pathlib.Path(torch.__file__).parents[1]
 print(json.dumps({
     "uid": os.getuid(), "gid": os.getgid(),
     "home": os.environ["HOME"],
@@ -43,7 +45,31 @@ print(json.dumps({
     "cuda_libraries": sorted(p.name for p in venv.rglob("lib*.so*")
                              if p.name.startswith(("libcudart", "libcublas", "libcudnn", "libnccl"))),
     "configs": sorted(p.name for p in pathlib.Path(os.environ["HYPHA_ACCELERATE_CONFIGS"]).iterdir()),
+    "pillow": PIL.__version__,
+    "pip": importlib.util.find_spec("pip") is not None,
+    "torch_bin": sorted(p.name for p in (site / "torch" / "bin").iterdir()),
+    "left_out": sorted(str(p.relative_to(site)) for p in (
+        site / "torch" / "test", site / "torch" / "include",
+        *(p for name in ("numpy", "sympy", "networkx", "mpmath") for p in (site / name).rglob("tests")),
+    ) if p.exists()),
 }))
+"""
+
+
+SHARED_TENSOR_PROBE = r"""
+import torch, torch.multiprocessing as mp
+mp.set_sharing_strategy("file_system")
+ctx = mp.get_context("fork")
+tensor, handoff, done = torch.zeros(4), ctx.Queue(), ctx.Queue()
+def child():
+    handoff.get().add_(1)
+    done.put(True)
+process = ctx.Process(target=child)
+process.start()
+handoff.put(tensor)
+done.get(timeout=60)
+process.join()
+print(tensor.tolist(), tensor.is_shared())
 """
 
 
@@ -80,6 +106,32 @@ def test_carries_cpu_torch_and_no_cuda_at_all(probe: dict[str, Any]) -> None:
     assert probe["cuda_built"] is None
     assert probe["cuda_packages"] == []
     assert probe["cuda_libraries"] == []
+
+
+def test_is_at_most_1_1_gb(docker_api: Any, cpu_image: str) -> None:
+    assert docker_api.inspect_image(cpu_image)["Size"] <= 1.1e9
+
+
+def test_leaves_out_what_the_executor_never_opens(probe: dict[str, Any]) -> None:
+    # torch's C++ test programs and headers (no compiler here to build against them), the
+    # test suites of numpy, sympy, networkx and mpmath, and pip (it only installs).
+    assert probe["left_out"] == []
+    assert probe["torch_bin"] == ["torch_shm_manager"]
+    assert not probe["pip"]
+
+
+def test_tensors_shared_between_processes_still_work(cpu_image: str) -> None:
+    # The file_system strategy hands a storage to another process by name through
+    # torch_shm_manager, the one program of torch/bin the image keeps.
+    result = docker_run(
+        cpu_image, "-c", SHARED_TENSOR_PROBE, options=("--entrypoint", "/opt/venv/bin/python")
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["[1.0,", "1.0,", "1.0,", "1.0]", "True"]
+
+
+def test_carries_pillow_for_image_preprocessors(probe: dict[str, Any]) -> None:
+    assert probe["pillow"] == "13.0.0"
 
 
 def test_bundles_every_accelerate_config(probe: dict[str, Any]) -> None:

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import os
 import subprocess
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 from shim_harness import WORKER_GID, WORKER_UID, shim_command
 
-from hypha.accelerate_executor.shim.variants import image_tags
+from hypha.accelerate_executor import __version__
+from hypha.accelerate_executor.shim.variants import CONTAINER_VARIANTS
 
 
 def doctor(
@@ -43,18 +45,29 @@ def _row(line: str) -> tuple[str, str, str]:
 
 
 @pytest.mark.docker
-def test_verdict_follows_the_cpu_image(docker_api: Any, work_base: Path) -> None:
+def test_the_cpu_image_runs_and_the_verdict_is_ok(cpu_image: str, work_base: Path) -> None:
     base = work_base / "doctor"  # short: the bridge socket path must fit
     base.mkdir()
-    code, rows = doctor("--work-dir-base", str(base))
+    code, rows = doctor("--work-dir-base", str(base), "--image", cpu_image)
+    assert code == 0
     assert rows["docker engine"][0] == "ok"
     assert rows["work dir base"][0] == "ok"
-    assert set(rows) >= {f"image {v}" for v in ("cpu", "cu126", "cu129", "rocm64")}
-    has_cpu = any(docker_api.images(name=tag) for tag in image_tags("cpu"))
-    assert rows["image cpu"][0] == ("ok" if has_cpu else "missing")
-    assert rows["cpu run"][0] == ("ok" if has_cpu else "skipped")
-    assert code == (0 if has_cpu else 1)
+    assert {name for name in rows if name.startswith("image ")} == {
+        f"image {v}" for v in CONTAINER_VARIANTS
+    }
+    assert rows["image cpu"][0] == "ok" and rows["image cpu"][1].startswith(f"{cpu_image} (")
+    assert rows["cpu run"][0] == "ok"
+    assert rows["cpu run"][1].startswith(f"hypha-accelerate-executor {__version__} (cpu) in ")
     assert list(base.iterdir()) == []  # the smoke run's work dir is gone
+
+
+@pytest.mark.docker
+def test_a_missing_cpu_image_fails_the_verdict(docker_api: Any, work_base: Path) -> None:
+    absent = f"hypha-accelerate-executor:absent-{uuid.uuid4().hex}"
+    code, rows = doctor("--work-dir-base", str(work_base), "--image", absent)
+    assert code == 1
+    assert rows["image cpu"] == ("missing", "build it with `hypha-accelerate build cpu`")
+    assert rows["cpu run"][0] == "skipped"
 
 
 def test_docker_unreachable_and_bad_base() -> None:

@@ -35,7 +35,7 @@ from hypha.accelerate_executor import __version__
 from hypha.accelerate_executor.supervisor import Interrupts, Supervisor
 
 TRAINING_MODULE = "hypha.accelerate_executor.training"
-VARIANTS = ("cpu", "cu126", "cu129", "rocm64", "mps")
+VARIANTS = ("cpu", "cu126", "cu129", "cu130", "rocm64", "mps")
 EXIT_USAGE = 2
 AMD_VENDOR_ID = "0x1002"
 
@@ -103,7 +103,7 @@ def count_gpus(
     """GPUs this process may use. The NVIDIA runtime and `--device` put only the granted
     devices into the container's /dev, so the nodes there are the truth; the visibility
     variables can narrow them further."""
-    if variant in ("cu126", "cu129"):
+    if variant in ("cu126", "cu129", "cu130"):
         found = len(_nvidia_nodes(dev))
         limit = _visible_limit(env, ("CUDA_VISIBLE_DEVICES",))
     elif variant == "rocm64":

@@ -92,13 +92,13 @@ def requirement_lines(path: Path) -> Iterator[str]:
 
 
 def torch_pin(root: Path, requirements: str) -> str:
-    """The torch version (without local label) a requirements file pins; the image's label
-    states it and its build checks it."""
+    """The torch version (without local label) a requirements file pins with `==` or, to
+    refuse local builds, `===`; the image's label states it and its build checks it."""
     path = root / "docker" / "requirements" / requirements
     if not path.is_file():
         raise ShimError(f"no requirements file docker/requirements/{requirements}")
     for line in requirement_lines(path):
-        found = re.fullmatch(r"torch==([^+;\s]+)(\+\S+)?", line)
+        found = re.fullmatch(r"torch===?([^+;\s]+)(\+\S+)?", line)
         if found:
             return found.group(1)
     raise ShimError(f"docker/requirements/{requirements} pins no torch version (torch==X)")

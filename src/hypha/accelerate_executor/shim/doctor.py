@@ -1,6 +1,6 @@
 """`hypha-accelerate doctor`: can this host run the executor, and which variants?
 
-    hypha-accelerate doctor [--work-dir-base DIR]
+    hypha-accelerate doctor [--work-dir-base DIR] [--image IMG]
 
 Checks the Docker engine, the image of every variant, the GPU runtimes, the worker's work
 dir base, and finally runs the cpu image's launcher the way the shim runs a job (hardened,
@@ -22,7 +22,12 @@ from typing import TYPE_CHECKING
 
 from hypha.accelerate_executor import __version__
 from hypha.accelerate_executor.shim.errors import ArgumentParser, ShimError
-from hypha.accelerate_executor.shim.variants import CONTAINER_VARIANTS, build_command, image_tags
+from hypha.accelerate_executor.shim.variants import (
+    CONTAINER_VARIANTS,
+    NVIDIA_VARIANTS,
+    build_command,
+    image_tags,
+)
 
 if TYPE_CHECKING:
     from docker import APIClient
@@ -67,10 +72,10 @@ def check_engine(api: APIClient) -> Check:
     )
 
 
-def check_image(api: APIClient, variant: str) -> Check:
+def check_image(api: APIClient, variant: str, tags: tuple[str, ...]) -> Check:
     from docker.errors import ImageNotFound
 
-    for tag in image_tags(variant):
+    for tag in tags:
         try:
             size = api.inspect_image(tag).get("Size", 0)
         except ImageNotFound:
@@ -82,12 +87,13 @@ def check_image(api: APIClient, variant: str) -> Check:
 def check_nvidia(api: APIClient) -> Check:
     from hypha.accelerate_executor.shim.accelerators import nvidia_runtime_present
 
+    variants = "/".join(NVIDIA_VARIANTS)
     if nvidia_runtime_present(api):
-        return Check("nvidia runtime", "ok", "cu126/cu129 containers can get GPUs")
+        return Check("nvidia runtime", "ok", f"{variants} containers can get GPUs")
     return Check(
         "nvidia runtime",
         "missing",
-        "cu126/cu129 cannot run here (install nvidia-container-toolkit, "
+        f"{variants} cannot run here (install nvidia-container-toolkit, "
         "`nvidia-ctk runtime configure --runtime=docker`)",
     )
 
@@ -156,7 +162,7 @@ def check_cpu_run(api: APIClient, image: str, base: str) -> Check:
     )
 
 
-def run_checks(base: str) -> list[Check]:
+def run_checks(base: str, cpu_image_tag: str | None = None) -> list[Check]:
     from hypha.accelerate_executor.shim.engine import connect
 
     work_dir_base = _checked("work dir base", lambda: check_work_dir_base(base))
@@ -165,7 +171,12 @@ def run_checks(base: str) -> list[Check]:
     except ShimError as exc:
         skipped = Check("cpu run", "skipped", "needs the Docker engine")
         return [Check("docker engine", "FAIL", str(exc)), work_dir_base, skipped]
-    images = [_checked(f"image {v}", partial(check_image, api, v)) for v in CONTAINER_VARIANTS]
+    tags: dict[str, tuple[str, ...]] = {v: image_tags(v) for v in CONTAINER_VARIANTS}
+    if cpu_image_tag:
+        tags["cpu"] = (cpu_image_tag,)
+    images = [
+        _checked(f"image {v}", partial(check_image, api, v, tags[v])) for v in CONTAINER_VARIANTS
+    ]
     checks = [
         _checked("docker engine", lambda: check_engine(api)),
         *images,
@@ -195,12 +206,17 @@ def main(argv: list[str]) -> int:
         metavar="DIR",
         help="where the worker makes job work dirs (default: the temp dir)",
     )
+    p.add_argument(
+        "--image",
+        metavar="IMG",
+        help=f"the cpu image to check and run (default: {' or '.join(image_tags('cpu'))})",
+    )
     try:
         args = p.parse_args(argv)
     except ShimError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return exc.exit_code
-    checks = run_checks(args.work_dir_base)
+    checks = run_checks(args.work_dir_base, args.image)
     print(f"{PROG} {__version__}\n{table(checks)}")
     if checks[-1].ok:
         present = [

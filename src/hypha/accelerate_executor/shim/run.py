@@ -1,6 +1,6 @@
 """`hypha-accelerate run`: what the Hypha worker starts for one job.
 
-    hypha-accelerate run --variant cpu|cu126|cu129|rocm64|mps-host --socket S --work-dir W
+    hypha-accelerate run --variant cpu|cu126|cu129|cu130|rocm64|mps-host --socket S --work-dir W
         --job J [--image IMG] [--bundle DIR] [--user UID:GID] [--network none|NAME]
         [--gpus all|0,1] [--accelerate-config auto|NAME|PATH] [--num-processes N]
         [--memory 8g] [--shm-size 8g | --ipc host] [--pids-limit N] [--trust-remote-code]

@@ -5,11 +5,11 @@ from __future__ import annotations
 from hypha.accelerate_executor import __version__
 
 IMAGE_REPOSITORY = "hypha-accelerate-executor"
-CONTAINER_VARIANTS = ("cpu", "cu126", "cu129", "rocm64")
+CONTAINER_VARIANTS = ("cpu", "cu126", "cu129", "cu130", "rocm64")
 # Docker on macOS cannot reach Metal, so this variant is a bundle the shim runs on the host.
 HOST_VARIANT = "mps-host"
 VARIANTS = (*CONTAINER_VARIANTS, HOST_VARIANT)
-NVIDIA_VARIANTS = ("cu126", "cu129")
+NVIDIA_VARIANTS = ("cu126", "cu129", "cu130")
 GPU_VARIANTS = (*NVIDIA_VARIANTS, "rocm64")
 
 
