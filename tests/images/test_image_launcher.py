@@ -54,6 +54,17 @@ def test_cpu_auto_runs_the_training_module_directly() -> None:
     assert "ACCELERATE_USE_CPU=True" in shown["env"]
 
 
+@pytest.mark.parametrize(
+    ("variant", "runtime"),
+    [("cu126", "--gpus all"), ("cu130", "--gpus all"), ("rocm64", "--device /dev/kfd")],
+)
+def test_gpu_image_without_gpus_trains_on_the_cpu_and_says_why(variant: str, runtime: str) -> None:
+    shown = printed(launch("--print-config", variant=variant))
+    assert shown["accelerate config"].startswith(str(CONFIGS / "cpu.yaml"))
+    assert f"the {variant} image sees no GPU" in shown["accelerate config"]
+    assert runtime in shown["accelerate config"]
+
+
 def test_cpu_with_several_processes_goes_through_accelerate_launch() -> None:
     shown = printed(launch("--print-config", "--num-processes", "2"))
     assert shown["accelerate config"].startswith(str(CONFIGS / "multi-cpu.yaml"))
@@ -113,8 +124,6 @@ def test_the_job_json_never_shows_in_the_printed_command() -> None:
             "cpu",
             "runs one process",
         ),
-        (["--print-config"], "cu126", "the cu126 image sees no GPU"),
-        (["--print-config"], "rocm64", "--device /dev/kfd"),
         (["--print-config"], "tpu", "HYPHA_VARIANT='tpu' is not one of"),
         (["--print-config", "--accelerate-config", "multi-gpu"], "cu129", "needs GPUs"),
     ],

@@ -4,8 +4,8 @@
         [--accelerate-config auto|NAME|PATH] [--num-processes N] [--print-config]
 
 `auto` picks from the image's variant (HYPHA_VARIANT) and the GPUs the container sees:
-none on cpu -> cpu.yaml, one -> gpu.yaml, several -> multi-gpu.yaml with one process per
-GPU. A single-process, non-distributed config starts the training module directly with
+none -> cpu.yaml (multi-cpu.yaml for several processes; a GPU image says so in a warning
+line), one -> gpu.yaml, several -> multi-gpu.yaml with one process per GPU. A single-process, non-distributed config starts the training module directly with
 the environment `accelerate launch` would give it: accelerate's own launcher costs seconds
 of start-up and adds nothing for one process. Everything else goes through
 `accelerate launch`.
@@ -152,14 +152,17 @@ def resolve_config(
         return path, "given"
     if variant == "mps":
         name = "mps"
-    elif variant == "cpu":
+    elif variant == "cpu" or gpus == 0:
         name = "multi-cpu" if (num_processes or 1) > 1 else "cpu"
-    elif gpus == 0:
-        raise LaunchError(
-            f"the {variant} image sees no GPU: run the container with the GPU runtime "
-            f"({'--gpus all' if variant.startswith('cu') else '--device /dev/kfd --device /dev/dri'}), "
-            "or choose a config with --accelerate-config cpu"
-        )
+        if gpus == 0 and variant != "cpu":
+            # main says this on stdout: a GPU image without GPUs usually lacks a runtime flag.
+            runtime = (
+                "--gpus all" if variant.startswith("cu") else "--device /dev/kfd --device /dev/dri"
+            )
+            return directory / f"{name}.yaml", (
+                f"auto: the {variant} image sees no GPU, so it trains on the CPU "
+                f"(run the container with {runtime} for the GPU)"
+            )
     else:
         name = "gpu" if (num_processes or gpus) == 1 else "multi-gpu"
     return directory / f"{name}.yaml", f"auto: variant {variant}, {gpus} GPU(s) visible"
@@ -355,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_config:
         print(describe(chosen))
         return 0
+    if args.accelerate_config == "auto" and chosen.gpus == 0 and chosen.variant != "cpu":
+        print(f"launcher: warning: {chosen.how_chosen.removeprefix('auto: ')}", flush=True)
     return run_ranks(chosen.command, {**os.environ, **chosen.env})
 
 
