@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from shim_harness import SECRET_TOKEN, WORKER_GID, WORKER_UID, WorkerJob, shim_command
+from shim_harness import (
+    SECRET_TOKEN,
+    WORKER_GID,
+    WORKER_UID,
+    WorkerJob,
+    aggregate_job,
+    shim_command,
+)
 
 
 def _fails(
@@ -77,9 +85,10 @@ ARGUMENT_ERRORS: dict[str, tuple[Callable[[WorkerJob], list[str]], tuple[str, ..
         ("bad job", "not valid JSON"),
     ),
     "aggregate job": (
-        lambda j: _replace(j.run_args(), "--job", j.job_json.replace('"train"', '"aggregate"')),
-        ("bad job", "aggregate"),
+        lambda j: _replace(j.run_args(), "--job", json.dumps(aggregate_job(j.job_id))),
+        ("bad job", "parameter server"),
     ),
+    "no job at all": (lambda j: j.run_args(job=False), ("--job", "JOB_JSON")),
     "job file missing": (
         lambda j: _replace(j.run_args(), "--job", f"@{j.work_dir}/nope.json"),
         ("cannot read job file", "No such file"),
