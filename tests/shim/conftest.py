@@ -5,19 +5,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from shim_harness import (
-    WORKER_GID,
-    WORKER_UID,
-    MissingBaseImage,
-    WorkerJob,
-    ensure_test_image,
-)
+from shim_harness import MissingBaseImage, WorkerJob, ensure_test_image, new_worker_job
 
 HERE = Path(__file__).parent
 
@@ -45,16 +38,11 @@ def work_base() -> Iterator[Path]:
 
 @pytest.fixture
 def worker_job(work_base: Path) -> Iterator[WorkerJob]:
-    work_dir = work_base / f"hypha-{uuid.uuid4()}"
-    work_dir.mkdir(mode=0o700)
-    os.chown(work_dir, WORKER_UID, WORKER_GID)
-    job = WorkerJob(work_dir, str(uuid.uuid4()), WORKER_UID, WORKER_GID)
-    job.serve_bridge()
-    job.plan()
+    job = new_worker_job(work_base)
     yield job
     for process in job.processes:
         if process.poll() is None:
             process.kill()
             process.wait()
     job.bridge_away()
-    shutil.rmtree(work_dir, ignore_errors=True)
+    shutil.rmtree(job.work_dir, ignore_errors=True)

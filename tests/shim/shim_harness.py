@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -195,6 +196,17 @@ class WorkerJob:
 
     def containers(self, api: Any) -> list[dict[str, Any]]:
         return list(api.containers(all=True, filters={"label": f"{JOB_LABEL}={self.job_id}"}))
+
+
+def new_worker_job(base: Path) -> WorkerJob:
+    """A job's work dir under `base` as the worker makes it, its bridge listening."""
+    work_dir = base / f"hypha-{uuid.uuid4()}"
+    work_dir.mkdir(mode=0o700)
+    os.chown(work_dir, WORKER_UID, WORKER_GID)
+    job = WorkerJob(work_dir, str(uuid.uuid4()), WORKER_UID, WORKER_GID)
+    job.serve_bridge()
+    job.plan()
+    return job
 
 
 def _hang_up_on_all(listener: socket.socket) -> None:

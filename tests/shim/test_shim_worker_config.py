@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import tomllib
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from shim_harness import (
     WORKER_GID,
     WORKER_UID,
     WorkerJob,
+    new_worker_job,
     shim_command,
     wait_for_line,
 )
@@ -141,7 +141,7 @@ def test_both_entries_run_the_same_hardened_container(
     )
     seen = []
     for entry in (shim, docker):
-        job = _new_job(work_base)
+        job = new_worker_job(work_base)
         command = _as_the_worker_runs(entry, job)
         if entry is docker:
             command[command.index(image_tags("cpu")[0])] = TEST_IMAGE
@@ -159,12 +159,3 @@ def test_both_entries_run_the_same_hardened_container(
         process.wait(timeout=10)
         job.bridge_away()
     assert seen[0] == seen[1]
-
-
-def _new_job(base: Path) -> WorkerJob:
-    work_dir = base / f"hypha-{uuid.uuid4()}"
-    work_dir.mkdir(mode=0o700)
-    os.chown(work_dir, WORKER_UID, WORKER_GID)
-    job = WorkerJob(work_dir, str(uuid.uuid4()), WORKER_UID, WORKER_GID)
-    job.serve_bridge()
-    return job

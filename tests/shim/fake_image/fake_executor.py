@@ -39,6 +39,7 @@ def on_sigterm(signum, frame):
 signal.signal(signal.SIGTERM, signal.SIG_IGN if plan.get("on_sigterm") == "ignore" else on_sigterm)
 
 print(f"uid {os.getuid()} gid {os.getgid()} groups {sorted(os.getgroups())}", flush=True)
+print(f"container {socket.gethostname()}", flush=True)
 print(f"extra args {rest}", flush=True)
 print(f"job from {'argv' if '--job' in sys.argv else 'JOB_JSON'}", flush=True)
 job = args.job
