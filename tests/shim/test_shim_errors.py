@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -189,6 +190,20 @@ def test_job_file_for_another_user_needs_root(fake_image: str, worker_job: Worke
         group=WORKER_GID,
         extra_groups=[gid],
     )
+
+
+def test_without_docker_py_the_shim_names_the_extra(worker_job: WorkerJob) -> None:
+    """The bare install lacks docker-py; a container job then says how to get it."""
+    script = (
+        "import sys; sys.modules['docker'] = None; "
+        "from hypha.accelerate_executor.cli import main; "
+        f"sys.exit(main({worker_job.run_args()!r}))"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, check=False)
+    assert result.returncode == 125
+    [line] = result.stderr.decode().splitlines()
+    assert "pip install 'hypha-accelerate-executor[shim]'" in line
+    assert result.stdout == b""
 
 
 def test_help_works_without_anything() -> None:
