@@ -11,7 +11,7 @@ from typing import Any, get_args
 
 import pytest
 
-from hypha.accelerate_executor.errors import JobSpecError
+from hypha.accelerate_executor.errors import JobSpecError, UntrainableJobError
 from hypha.accelerate_executor.job import ModelTask, parse_job
 
 EXAMPLES = sorted((Path(__file__).parents[2] / "shared" / "examples").glob("job-*.json"))
@@ -107,11 +107,21 @@ def set_path(path: str, value: Any) -> Any:
 
 DELETE = object()
 C = "executor.config"
+_PEERS = CAUSAL_LM["executor"]["config"]["results"]
+AGGREGATE_EXECUTOR = {
+    "class": "aggregate",
+    "descriptor": {"name": "parameter-server"},
+    "config": {
+        "updates": _PEERS,
+        "results": _PEERS,
+        "optimizer": {"learning-rate": 0.7, "momentum": 0.9},
+    },
+}
 MALFORMED: list[tuple[str, Any, str]] = [
     ("job_id", DELETE, "job_id"),
     ("job_id", 7, "job_id"),
     ("executor", DELETE, "executor"),
-    ("executor.class", "aggregate", "parameter server"),
+    ("executor", AGGREGATE_EXECUTOR, "parameter server"),
     ("executor.class", "infer", "executor.class"),
     ("executor.descriptor", DELETE, "descriptor"),
     (f"{C}.model", DELETE, "model"),
@@ -142,10 +152,65 @@ MALFORMED: list[tuple[str, Any, str]] = [
     (f"{C}.batch_size", DELETE, "batch_size"),
     (f"{C}.scheduler", {"type": "cosine", "warmup_steps": 1}, "scheduler"),
     (f"{C}.scheduler", {"type": "wsd", "warmup_steps": 1}, "decay_steps"),
-    (f"{C}.scheduler.warmup_steps", -5, "warmup_steps"),
     (f"{C}.preprocessor", {"task": "tokeniser", "artifact": {"type": "uri", "value": "https://h/x"}, "input-names": ["text"]}, "preprocessor.task"),
 ]  # fmt: skip
 NOT_JSON = ["", "{", "[]", "null", '{"job_id": NaN}', "not json at all"]
+
+# Texts as serde reads them with Hypha's types, each confirmed against the real serde by
+# test_job_serde_agreement.py. Each is the causal-lm example with one change.
+CAUSAL_LM_TEXT = json.dumps(CAUSAL_LM)
+JOB_ID = f'"job_id": "{CAUSAL_LM["job_id"]}"'
+PEER = CAUSAL_LM["executor"]["config"]["updates"]["peers"][0]
+RUST_ACCEPTS: dict[str, str] = {
+    "uppercase UUID": CAUSAL_LM_TEXT.replace(JOB_ID, JOB_ID.upper().replace("JOB_ID", "job_id")),
+    "braced UUID": CAUSAL_LM_TEXT.replace(JOB_ID, f'"job_id": "{{{CAUSAL_LM["job_id"]}}}"'),
+    "struct as an array of its fields": json.dumps([CAUSAL_LM["job_id"], CAUSAL_LM["executor"]]),
+    "reference tag by index": CAUSAL_LM_TEXT.replace('"type": "huggingface"', '"type": 1'),
+    "strategy as a one-element array": CAUSAL_LM_TEXT.replace('{"type": "All"}', '["All"]', 1),
+    "unit variant in map form": CAUSAL_LM_TEXT.replace('"causal-lm"', '{"causal-lm": null}'),
+    "unknown keys and a duplicate one": CAUSAL_LM_TEXT.replace("{", '{"x": 1, "x": [2],', 1),
+    "lone surrogate under an unknown top-level key": CAUSAL_LM_TEXT[:-1] + ', "x": "\\ud800"}',
+    "1e999 under an unknown top-level key": CAUSAL_LM_TEXT[:-1] + ', "x": 1e999}',
+    "nesting past 128 under an unknown top-level key": CAUSAL_LM_TEXT[:-1] + ', "x": ' + "[" * 500 + "]" * 500 + "}",
+    "integer learning rate": CAUSAL_LM_TEXT.replace("0.0006", "1"),
+    "learning rate 0": CAUSAL_LM_TEXT.replace("0.0006", "0"),
+    "negative and zero scheduler steps": CAUSAL_LM_TEXT.replace('"warmup_steps": 20, "training_steps": 400', '"warmup_steps": -5, "training_steps": 0'),
+    "sha2-256 peer id": CAUSAL_LM_TEXT.replace(PEER, "QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"),
+    "no peers to send updates to": CAUSAL_LM_TEXT.replace(f'"peers": ["{PEER}"]', '"peers": []', 1),
+}  # fmt: skip
+RUST_REFUSES: dict[str, str] = {
+    "job_id not a UUID": CAUSAL_LM_TEXT.replace(CAUSAL_LM["job_id"], "not-a-uuid"),
+    "job_id with a trailing NUL": CAUSAL_LM_TEXT.replace(CAUSAL_LM["job_id"], CAUSAL_LM["job_id"] + "\\u0000"),
+    "snake_case learning_rate": CAUSAL_LM_TEXT.replace('"learning-rate"', '"learning_rate"'),
+    "snake_case input_names": CAUSAL_LM_TEXT.replace('"input-names"', '"input_names"'),
+    "batch_size 2^32": CAUSAL_LM_TEXT.replace('"batch_size": 8', '"batch_size": 4294967296'),
+    "batch_size -0": CAUSAL_LM_TEXT.replace('"batch_size": 8', '"batch_size": -0'),
+    "steps past i32": CAUSAL_LM_TEXT.replace('"training_steps": 400', '"training_steps": 2147483648'),
+    "learning rate 1e309": CAUSAL_LM_TEXT.replace("0.0006", "1e309"),
+    "peer id x": CAUSAL_LM_TEXT.replace(PEER, "x"),
+    "empty peer id": CAUSAL_LM_TEXT.replace(PEER, ""),
+    "peer id with a character outside base58": CAUSAL_LM_TEXT.replace(PEER, PEER[:-1] + "0"),
+    "vision2-seq": CAUSAL_LM_TEXT.replace('"causal-lm"', '"vision2-seq"'),
+    "lone surrogate in a known string": CAUSAL_LM_TEXT.replace("markov-512", "markov\\ud800"),
+    "1e999 under an unknown key inside the executor": CAUSAL_LM_TEXT.replace('"class"', '"x": 1e999, "class"'),
+    "nesting 128 deep": CAUSAL_LM_TEXT.replace('"class"', '"x": ' + "[" * 126 + "]" * 126 + ', "class"'),
+    "executor class by index": CAUSAL_LM_TEXT.replace('"class": "train"', '"class": 0'),
+    "job_id twice": CAUSAL_LM_TEXT.replace("{", "{" + JOB_ID + ",", 1),
+    "results with strategy One": CAUSAL_LM_TEXT.replace('{"type": "All"}', '{"type": "One"}', 2).replace('{"type": "One"}', '{"type": "All"}', 1),
+    "byte-order mark": "\ufeff" + CAUSAL_LM_TEXT,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", RUST_ACCEPTS)
+def test_what_rust_accepts_is_accepted(name: str) -> None:
+    assert parse_job(RUST_ACCEPTS[name]).job_id
+
+
+@pytest.mark.parametrize("name", RUST_REFUSES)
+def test_what_rust_refuses_is_refused(name: str) -> None:
+    with pytest.raises(JobSpecError) as refused:
+        parse_job(RUST_REFUSES[name])
+    assert not isinstance(refused.value, UntrainableJobError)
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,8 +26,13 @@ SECRET_TOKEN = "hf_shimTestSecretToken0123456789"
 JOB_LABEL = "hypha.accelerate.job-id"
 
 
+# libp2p peer ids: base58 of an identity multihash of an Ed25519 key, as serde requires.
+PEER = "12D3KooWJ6MBkbH3o7j2yhhDAF7gRxA4Zm5cpuEUr2Znp1VvNBw3"
+SCHEDULER_PEER = "12D3KooWQYhTNQdmr3ArTeUHRYzFg94BKyTkoWBDWez9kSCVe2Xo"
+
+
 def job_spec(job_id: str) -> dict[str, Any]:
-    peers = {"type": "peers", "peers": ["12D3KooWPeer"], "strategy": {"type": "All"}}
+    peers = {"type": "peers", "peers": [PEER], "strategy": {"type": "All"}}
     return {
         "job_id": job_id,
         "executor": {
@@ -44,11 +50,28 @@ def job_spec(job_id: str) -> dict[str, Any]:
                     },
                     "input-names": ["input_ids", "labels"],
                 },
-                "data": {"type": "scheduler", "peer": "12D3KooWSched", "dataset": "d"},
+                "data": {"type": "scheduler", "peer": SCHEDULER_PEER, "dataset": "d"},
                 "updates": peers,
                 "results": peers,
                 "optimizer": {"learning-rate": 0.001, "betas": None, "epsilon": None},
                 "batch_size": 4,
+            },
+        },
+    }
+
+
+def aggregate_job(job_id: str) -> dict[str, Any]:
+    """A well-formed job for the worker's built-in parameter server."""
+    peers = {"type": "peers", "peers": [PEER], "strategy": {"type": "All"}}
+    return {
+        "job_id": job_id,
+        "executor": {
+            "class": "aggregate",
+            "descriptor": {"name": "parameter-server"},
+            "config": {
+                "updates": peers,
+                "results": peers,
+                "optimizer": {"learning-rate": 0.7, "momentum": 0.9},
             },
         },
     }
@@ -143,19 +166,22 @@ class WorkerJob:
         os.chown(path, self.uid, self.gid)
 
     def run_args(
-        self, *extra: str, variant: str = "cpu", image: str | None = TEST_IMAGE
+        self, *extra: str, variant: str = "cpu", image: str | None = TEST_IMAGE, job: bool = True
     ) -> list[str]:
+        """The shim's arguments; `job`: with --job (by hand), or not (the job in JOB_JSON)."""
         args = ["run", "--variant", variant]
         args += ["--image", image] if image else []
         args += ["--socket", str(self.socket_path), "--work-dir", str(self.work_dir)]
-        return [*args, "--job", self.job_json, *extra]
+        return [*args, *(["--job", self.job_json] if job else []), *extra]
 
     def start(self, *extra: str, **popen: Any) -> subprocess.Popen[bytes]:
-        """Starts the shim the way the worker does: stdout piped, its own process."""
+        """Starts the shim the way the worker does: the job in JOB_JSON, stdout piped."""
+        env = {**os.environ, "JOB_JSON": self.job_json, **popen.pop("env", {})}
         process = subprocess.Popen(
-            shim_command(*self.run_args(*extra)),
+            shim_command(*self.run_args(*extra, job=False)),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
+            env=env,
             **popen,
         )
         self.processes.append(process)
@@ -170,6 +196,17 @@ class WorkerJob:
 
     def containers(self, api: Any) -> list[dict[str, Any]]:
         return list(api.containers(all=True, filters={"label": f"{JOB_LABEL}={self.job_id}"}))
+
+
+def new_worker_job(base: Path) -> WorkerJob:
+    """A job's work dir under `base` as the worker makes it, its bridge listening."""
+    work_dir = base / f"hypha-{uuid.uuid4()}"
+    work_dir.mkdir(mode=0o700)
+    os.chown(work_dir, WORKER_UID, WORKER_GID)
+    job = WorkerJob(work_dir, str(uuid.uuid4()), WORKER_UID, WORKER_GID)
+    job.serve_bridge()
+    job.plan()
+    return job
 
 
 def _hang_up_on_all(listener: socket.socket) -> None:

@@ -28,7 +28,7 @@ def test_output_streams_and_exit_code(
     fake_image: str, worker_job: WorkerJob, docker_api: Any
 ) -> None:
     worker_job.plan(lines=200, stderr="a line on stderr", bad_bytes=True, exit=3)
-    result = worker_job.run("--trust-remote-code")
+    result = worker_job.run()
     assert result.returncode == 3
     out = result.stdout.decode("utf-8")  # strict: the worker stops at the first bad line
     lines = out.splitlines()
@@ -36,7 +36,6 @@ def test_output_streams_and_exit_code(
     assert "bad \ufffd\ufffd bytes \u20ac" in lines
     assert "bridge reachable" in lines  # the 0600 socket, through the mount, as the worker uid
     assert f"uid {WORKER_UID} gid {WORKER_GID} groups [{WORKER_GID}]" in lines
-    assert "env trust 1" in lines
     assert f"job id {worker_job.job_id}" in lines
     assert "a line on stderr" not in out
     assert result.stderr.decode() == "a line on stderr\n"
@@ -66,9 +65,9 @@ def test_running_container_is_hardened_and_hides_the_job(
     assert host["AutoRemove"] is False and host["Init"] is True
     assert host["Privileged"] is False
     assert info["Config"]["User"] == f"{WORKER_UID}:{WORKER_GID}"
-    assert info["Config"]["Env"] is None or not any(
-        e.startswith(("JOB_JSON", "HYPHA_TRUST")) for e in info["Config"]["Env"]
-    )
+    # The sandbox lets a model's own code run; the job itself stays out of the environment.
+    assert "HYPHA_TRUST_REMOTE_CODE=1" in info["Config"]["Env"]
+    assert not any(e.startswith("JOB_JSON") for e in info["Config"]["Env"])
     [mount] = info["Mounts"]
     assert mount["Source"] == mount["Destination"] == str(worker_job.work_dir)
     assert mount["RW"] is True
@@ -144,20 +143,46 @@ def test_job_as_at_path(fake_image: str, worker_job: WorkerJob, tmp_path: Any) -
     assert f"job id {worker_job.job_id}".encode() in result.stdout
 
 
+@pytest.mark.parametrize(
+    ("extra", "trusted"),
+    [
+        ([], True),  # the sandbox: no network, read-only root, no capabilities
+        (["--no-remote-code"], False),
+        (["--network", "bridge"], False),  # a container that can reach out
+        (["--network", "bridge", "--trust-remote-code"], True),
+    ],
+)
+def test_remote_code_runs_only_sandboxed_or_trusted(
+    fake_image: str, worker_job: WorkerJob, extra: list[str], trusted: bool
+) -> None:
+    worker_job.plan()
+    result = worker_job.run(*extra)
+    assert result.returncode == 0, result.stderr
+    assert f"env trust {'1' if trusted else '-'}" in result.stdout.decode().splitlines()
+
+
 def test_the_shim_runs_without_torch(fake_image: str, worker_job: WorkerJob) -> None:
     """The host side installs without torch: a job, worker-config and doctor all run with
-    the training stack made unimportable."""
+    the training stack made unimportable. Doctor meets an engine that is not there, so its
+    verdict is known: exit 1."""
     worker_job.plan()
     block = "import sys; sys.modules.update(torch=None, transformers=None, accelerate=None); "
-    for args, codes in (
-        (worker_job.run_args(), {0}),
-        (["worker-config", "--variant", "cu126"], {0}),
-        # 1 where this engine has no cpu image; either way it got to its verdict.
-        (["doctor", "--work-dir-base", str(worker_job.work_dir.parent)], {0, 1}),
+    for args, code, env in (
+        (worker_job.run_args(), 0, {}),
+        (["worker-config", "--variant", "cu126"], 0, {}),
+        (
+            ["doctor", "--work-dir-base", str(worker_job.work_dir.parent)],
+            1,
+            {"DOCKER_HOST": "unix:///nonexistent/docker.sock"},
+        ),
     ):
         script = block + f"from hypha.accelerate_executor.cli import main; sys.exit(main({args!r}))"
         result = subprocess.run(
-            [sys.executable, "-c", script], capture_output=True, timeout=120, check=False
+            [sys.executable, "-c", script],
+            capture_output=True,
+            timeout=120,
+            check=False,
+            env={**os.environ, **env},
         )
-        assert result.returncode in codes, result.stderr
+        assert result.returncode == code, result.stderr
         assert b"Traceback" not in result.stderr

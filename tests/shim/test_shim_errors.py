@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from shim_harness import SECRET_TOKEN, WORKER_GID, WORKER_UID, WorkerJob, shim_command
+from shim_harness import (
+    SECRET_TOKEN,
+    WORKER_GID,
+    WORKER_UID,
+    WorkerJob,
+    aggregate_job,
+    shim_command,
+)
 
 
 def _fails(
@@ -77,9 +86,10 @@ ARGUMENT_ERRORS: dict[str, tuple[Callable[[WorkerJob], list[str]], tuple[str, ..
         ("bad job", "not valid JSON"),
     ),
     "aggregate job": (
-        lambda j: _replace(j.run_args(), "--job", j.job_json.replace('"train"', '"aggregate"')),
-        ("bad job", "aggregate"),
+        lambda j: _replace(j.run_args(), "--job", json.dumps(aggregate_job(j.job_id))),
+        ("bad job", "parameter server"),
     ),
+    "no job at all": (lambda j: j.run_args(job=False), ("--job", "JOB_JSON")),
     "job file missing": (
         lambda j: _replace(j.run_args(), "--job", f"@{j.work_dir}/nope.json"),
         ("cannot read job file", "No such file"),
@@ -180,6 +190,20 @@ def test_job_file_for_another_user_needs_root(fake_image: str, worker_job: Worke
         group=WORKER_GID,
         extra_groups=[gid],
     )
+
+
+def test_without_docker_py_the_shim_names_the_extra(worker_job: WorkerJob) -> None:
+    """The bare install lacks docker-py; a container job then says how to get it."""
+    script = (
+        "import sys; sys.modules['docker'] = None; "
+        "from hypha.accelerate_executor.cli import main; "
+        f"sys.exit(main({worker_job.run_args()!r}))"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, check=False)
+    assert result.returncode == 125
+    [line] = result.stderr.decode().splitlines()
+    assert "pip install 'hypha-accelerate-executor[shim]'" in line
+    assert result.stdout == b""
 
 
 def test_help_works_without_anything() -> None:

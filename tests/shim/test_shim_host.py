@@ -115,6 +115,14 @@ def test_launcher_gets_the_job_file_the_venv_and_a_clean_env(
     assert job_file.stat().st_mode & 0o777 == 0o600
 
 
+def test_remote_code_on_the_host_only_when_trusted(
+    fake_bundle: Path, cache: Path, worker_job: WorkerJob
+) -> None:
+    """The host mode is not sandboxed: a model's own code runs only with --trust-remote-code."""
+    out, _ = _start(worker_job, fake_bundle, cache, "exit:0").communicate(timeout=30)
+    assert "trust unset" in out.decode().splitlines()
+
+
 def test_sigterm_ends_the_whole_group(
     fake_bundle: Path, cache: Path, worker_job: WorkerJob
 ) -> None:

@@ -24,7 +24,7 @@ def cpu_image(docker_api: Any) -> str:
     for tag in image_tags("cpu"):
         if docker_api.images(name=tag):
             return tag
-    pytest.skip("no cpu executor image: `hypha-accelerate build cpu --offline` makes it")
+    pytest.fail("no cpu executor image: `hypha-accelerate build cpu --offline` makes it")
 
 
 @pytest.fixture
@@ -47,14 +47,22 @@ def containers_under(api: Any, base: Path) -> list[str]:
 
 
 def run_job(
-    entry: Any, base: Path, rounds: int, steps: int, cancel_after: int = 0
+    entry: Any, base: Path, rounds: int, steps: int, cancel_after: int = 0, token: str | None = None
 ) -> dict[str, Any]:
     from hypha.accelerate_executor.local.assets import ensure_assets
     from hypha.accelerate_executor.local.coordinator import Catalog, Coordinator, RunOptions
     from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
     from hypha.accelerate_executor.local.worker import LocalWorker, serve_one_job
 
-    coordinator = Coordinator(
+    class TokenCoordinator(Coordinator):
+        """Hands out jobs whose model reference carries a Hugging Face token."""
+
+        def job_spec(self, job_id: str) -> dict[str, Any]:
+            spec = super().job_spec(job_id)
+            spec["executor"]["config"]["model"]["artifact"]["token"] = token
+            return spec
+
+    coordinator = TokenCoordinator(
         Catalog.from_assets(ensure_assets()),
         RunOptions(workers=1, rounds=rounds, steps_per_round=steps),
     )
@@ -126,3 +134,45 @@ def test_job_through_worker_configs_docker_entry(
     assert record["exit_code"] == 0
     assert record["rounds_completed"] == 2
     assert record["leaks"] == []
+
+
+def test_no_token_in_any_process_list_during_a_real_job(
+    cpu_image: str, job_base: Path, tmp_path: Path
+) -> None:
+    """worker-config's shim entry, run the worker's way (JOB_JSON exported) on a job whose
+    reference carries a token: `ps -eo args` on the host, which sees the container's
+    processes too, never shows it."""
+    from hypha.accelerate_executor.local.worker import executor_entry
+
+    token = "hf_psSecretToken0123456789"
+    config = tmp_path / "worker.toml"
+    printed = subprocess.run(
+        shim_command("worker-config", "--variant", "cpu", "--mode", "shim"),
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    config.write_text(printed.stdout)
+    seen: list[str] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            # -ww: whole command lines, however long (a job JSON would be).
+            ps = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout
+            seen.extend(line for line in ps.splitlines() if str(job_base) in line or token in line)
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        record = run_job(executor_entry(f"toml:{config}"), job_base, rounds=2, steps=4, token=token)
+    finally:
+        done.set()
+        watcher.join()
+    assert record["exit_code"] == 0
+    assert [line for line in seen if token in line] == []
+    # The watch saw the job's processes: the shim, and the executor in its container.
+    assert any(
+        "accelerate_executor.cli run" in line or "hypha-accelerate run" in line for line in seen
+    )
+    assert any("hypha.accelerate_executor.training" in line for line in seen)
+    print("\n".join(sorted(set(seen))))

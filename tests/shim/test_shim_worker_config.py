@@ -1,29 +1,31 @@
-"""`hypha-accelerate worker-config`: entries that parse, carry every hardening flag, and run."""
+"""`hypha-accelerate worker-config`: entries that parse, keep the job off every command line,
+and run the same hardened container."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import subprocess
 import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
-from shim_harness import TEST_IMAGE, WORKER_GID, WORKER_UID, WorkerJob, shim_command
+from shim_harness import (
+    SECRET_TOKEN,
+    TEST_IMAGE,
+    WORKER_GID,
+    WORKER_UID,
+    WorkerJob,
+    new_worker_job,
+    shim_command,
+    wait_for_line,
+)
 
 from hypha.accelerate_executor.shim.variants import CONTAINER_VARIANTS, image_tags
 
-TOKENS = ["--socket", "{SOCKET_PATH}", "--work-dir", "{WORK_DIR}", "--job", "{JOB_JSON}"]
-HARDENING = [
-    ["--network", "none"],
-    ["--read-only"],
-    ["--cap-drop", "ALL"],
-    ["--security-opt", "no-new-privileges"],
-    ["--tmpfs", "/tmp:rw,exec,nosuid,nodev"],
-    ["--pids-limit", "4096"],
-    ["--init"],
-    ["--rm"],
-    ["--volume", "{WORK_DIR}:{WORK_DIR}"],
-]
+TOKENS = ["--socket", "{SOCKET_PATH}", "--work-dir", "{WORK_DIR}"]
 
 
 def worker_config(*args: str) -> subprocess.CompletedProcess[str]:
@@ -51,16 +53,18 @@ def _has(args: list[str], flags: list[str]) -> bool:
 
 
 @pytest.mark.parametrize("variant", CONTAINER_VARIANTS)
-def test_both_entries_parse_and_carry_the_hardening(variant: str) -> None:
+def test_both_entries_parse_and_keep_the_job_off_the_command_line(variant: str) -> None:
+    """The worker exports JOB_JSON; an entry with {JOB_JSON} in its args would put the job,
+    tokens included, into a process list every local user can read."""
     shim, docker = entries("--variant", variant, "--user", "1234:99")
     assert Path(shim["cmd"]).name == "hypha-accelerate"
     assert shim["args"] == ["run", "--variant", variant, *TOKENS]
     assert docker["cmd"] == "docker"
     args = docker["args"]
-    assert args[0] == "run"
-    for flags in [*HARDENING, ["--user", "1234:99"]]:
-        assert _has(args, flags), flags
-    assert args[-7:] == [image_tags(variant)[0], *TOKENS]
+    assert not any("{JOB_JSON}" in arg for arg in shim["args"] + args)
+    assert _has(args, ["--env", "JOB_JSON"])
+    assert args[-5:] == [image_tags(variant)[0], *TOKENS]
+    # What needs a GPU host cannot run here: the device requests are all there is to check.
     assert _has(args, ["--gpus", "all"]) == variant.startswith("cu")
     assert _has(args, ["--device", "/dev/kfd"]) == (variant == "rocm64")
 
@@ -73,8 +77,6 @@ def test_docker_entry_says_the_job_is_visible() -> None:
 
 
 def test_default_user_is_the_callers() -> None:
-    import os
-
     [docker] = entries("--variant", "cpu", "--mode", "docker")
     assert _has(docker["args"], ["--user", f"{os.getuid()}:{os.getgid()}"])
 
@@ -102,24 +104,58 @@ def test_errors(args: list[str], words: str) -> None:
     assert line.startswith("hypha-accelerate worker-config: ") and words in line
 
 
-@pytest.mark.docker
-def test_docker_entry_runs_as_the_worker_would(fake_image: str, worker_job: WorkerJob) -> None:
-    """The docker CLI takes every flag, tokens substituted the worker's way (the stand-in
-    image in place of the executor's)."""
+def _as_the_worker_runs(entry: dict[str, Any], job: WorkerJob) -> list[str]:
+    """The entry's command with the tokens replaced as the worker replaces them."""
     from hypha.accelerate_executor.local.worker import substitute
 
-    [docker] = entries(
-        "--variant", "cpu", "--mode", "docker", "--user", f"{WORKER_UID}:{WORKER_GID}"
+    values = {"SOCKET_PATH": str(job.socket_path), "WORK_DIR": str(job.work_dir)}
+    return [entry["cmd"], *(substitute(arg, values) for arg in entry["args"])]
+
+
+def _container_of(job: WorkerJob, api: Any, command: list[str], env: dict[str, str]) -> Any:
+    """Starts `command` as the worker does (JOB_JSON exported) with a sleeping stand-in
+    executor; returns the running container's inspect and the process."""
+    job.plan(sleep=60)
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, env={**os.environ, "JOB_JSON": job.job_json, **env}
     )
-    values = {
-        "SOCKET_PATH": str(worker_job.socket_path),
-        "WORK_DIR": str(worker_job.work_dir),
-        "JOB_JSON": worker_job.job_json,
-    }
-    args = [substitute(arg, values) for arg in docker["args"]]
-    args[args.index(image_tags("cpu")[0])] = TEST_IMAGE
-    worker_job.plan(write_files=True)
-    result = subprocess.run(["docker", *args], capture_output=True, timeout=60, check=False)
-    assert result.returncode == 0, result.stderr
-    assert b"bridge reachable" in result.stdout
-    assert f"uid {WORKER_UID} gid {WORKER_GID}".encode() in result.stdout
+    job.processes.append(process)
+    wait_for_line(process, b"ready")
+    [container] = api.containers(filters={"label": f"hypha.accelerate.work-dir={job.work_dir}"})
+    return api.inspect_container(container["Id"]), process
+
+
+HARDENING_KEYS = ("NetworkMode", "CapDrop", "SecurityOpt", "ReadonlyRootfs", "Tmpfs",
+                  "PidsLimit", "Init", "Privileged", "ShmSize", "Binds")  # fmt: skip
+
+
+@pytest.mark.docker
+def test_both_entries_run_the_same_hardened_container(
+    fake_image: str, docker_api: Any, work_base: Path
+) -> None:
+    """Each entry, started the worker's way with the stand-in image, runs a container with no
+    network, no capabilities, no privileges to gain, a read-only root, as the worker's user;
+    the two containers agree on every hardening setting."""
+    shim, docker = entries(
+        "--variant", "cpu", "--mode", "both", "--user", f"{WORKER_UID}:{WORKER_GID}"
+    )
+    seen = []
+    for entry in (shim, docker):
+        job = new_worker_job(work_base)
+        command = _as_the_worker_runs(entry, job)
+        if entry is docker:
+            command[command.index(image_tags("cpu")[0])] = TEST_IMAGE
+        info, process = _container_of(
+            job, docker_api, command, {"HYPHA_ACCELERATE_IMAGE": TEST_IMAGE}
+        )
+        host = info["HostConfig"]
+        assert host["NetworkMode"] == "none" and host["CapDrop"] == ["ALL"]
+        assert host["SecurityOpt"] == ["no-new-privileges"] and host["ReadonlyRootfs"] is True
+        assert info["Config"]["User"] == f"{WORKER_UID}:{WORKER_GID}"
+        assert "HYPHA_TRUST_REMOTE_CODE=1" in info["Config"]["Env"]
+        assert SECRET_TOKEN not in json.dumps(info["Args"]) + json.dumps(info["Config"]["Cmd"])
+        seen.append({key: host[key] for key in HARDENING_KEYS if key != "Binds"})
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=10)
+        job.bridge_away()
+    assert seen[0] == seen[1]

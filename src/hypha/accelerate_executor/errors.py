@@ -15,6 +15,11 @@ class JobSpecError(ExecutorError):
     exit_code = 2
 
 
+class UntrainableJobError(JobSpecError):
+    """A job Hypha's Rust side accepts that this executor cannot train: one of the README's
+    "Jobs refused beyond serde"."""
+
+
 class BridgeError(ExecutorError):
     """The bridge answered a request with an error."""
 

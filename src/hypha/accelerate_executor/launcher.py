@@ -1,7 +1,9 @@
 """The image's entrypoint: choose an accelerate config, start the training ranks, pass signals on.
 
-    python -m hypha.accelerate_executor.launcher --socket S --work-dir W --job J
+    python -m hypha.accelerate_executor.launcher --socket S --work-dir W [--job J]
         [--accelerate-config auto|NAME|PATH] [--num-processes N] [--print-config]
+
+J, the job JSON or @PATH, defaults to $JOB_JSON, which keeps a token off every command line.
 
 `auto` picks from the image's variant (HYPHA_VARIANT) and the GPUs the container sees:
 none -> cpu.yaml (multi-cpu.yaml for several processes; a GPU image says so in a warning
@@ -225,8 +227,11 @@ def plan(
         "-m", TRAINING_MODULE,
         "--socket", args.socket or "{SOCKET_PATH}",
         "--work-dir", args.work_dir or "{WORK_DIR}",
-        "--job", args.job or "{JOB_JSON}",
     ]  # fmt: skip
+    # Without --job the ranks read JOB_JSON from the environment they inherit: nothing
+    # secret on any command line.
+    if args.job:
+        training_args += ["--job", args.job]
     extra_env: dict[str, str] = {}
     if distributed == "NO":
         # What `accelerate launch` exports for one process, without its start-up cost.
@@ -309,7 +314,9 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--socket", help="the job bridge's Unix socket (WORK_DIR/bridge.sock)")
     p.add_argument("--work-dir", help="the job's work directory")
-    p.add_argument("--job", help="the job spec JSON, or @PATH to a file holding it")
+    p.add_argument(
+        "--job", help="the job spec JSON, or @PATH to a file holding it; default: $JOB_JSON"
+    )
     p.add_argument(
         "--accelerate-config",
         default="auto",
@@ -342,10 +349,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.num_processes is not None and args.num_processes < 1:
             raise LaunchError(f"--num-processes must be at least 1, not {args.num_processes}")
         if not args.print_config:
+            given = {**vars(args), "job": args.job or os.environ.get("JOB_JSON")}
             missing = [
-                f"--{n.replace('_', '-')}"
-                for n in ("socket", "work_dir", "job")
-                if not getattr(args, n)
+                f"--{n.replace('_', '-')}" for n in ("socket", "work_dir", "job") if not given[n]
             ]
             if missing:
                 raise LaunchError(f"missing {', '.join(missing)} (see --help)")

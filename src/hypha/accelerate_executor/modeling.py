@@ -50,7 +50,6 @@ AUTO_MODEL_CLASSES = {
     "document-question-answering": "AutoModelForDocumentQuestionAnswering",
     # transformers 5 folded Vision2Seq into ImageTextToText; older releases have both.
     "vison2-seq": "AutoModelForVision2Seq",
-    "vision2-seq": "AutoModelForVision2Seq",
     "image-text-to-text": "AutoModelForImageTextToText",
     "time-series-prediction": "AutoModelForTimeSeriesPrediction",
 }

@@ -305,7 +305,12 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--socket", required=True, type=Path, help="the Job Bridge's Unix socket")
     parser.add_argument("--work-dir", required=True, type=Path, help="the job's work dir")
-    parser.add_argument("--job", required=True, help="the job JSON, or @path to a file holding it")
+    parser.add_argument(
+        "--job",
+        default=os.environ.get("JOB_JSON"),
+        help="the job JSON, or @path to a file holding it; default: $JOB_JSON, which the "
+        "Hypha worker sets, and which keeps a token out of the process list",
+    )
     parser.add_argument(
         "--pseudo-gradient-dtype",
         choices=PSEUDO_GRADIENT_DTYPES,
@@ -313,7 +318,10 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
         help="dtype of the pseudo-gradients sent (bfloat16 halves the bytes; default float32, "
         "which upstream's parameter server expects)",
     )
-    return parser.parse_args(argv)
+    arguments = parser.parse_args(argv)
+    if arguments.job is None:
+        parser.error("the job is missing: give --job, or set JOB_JSON")
+    return arguments
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:

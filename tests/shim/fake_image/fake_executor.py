@@ -24,7 +24,7 @@ import time
 parser = argparse.ArgumentParser()
 parser.add_argument("--socket", required=True)
 parser.add_argument("--work-dir", required=True)
-parser.add_argument("--job", required=True)
+parser.add_argument("--job", default=os.environ.get("JOB_JSON"))
 args, rest = parser.parse_known_args()
 
 with open(os.path.join(args.work_dir, "plan.json")) as file:
@@ -39,7 +39,9 @@ def on_sigterm(signum, frame):
 signal.signal(signal.SIGTERM, signal.SIG_IGN if plan.get("on_sigterm") == "ignore" else on_sigterm)
 
 print(f"uid {os.getuid()} gid {os.getgid()} groups {sorted(os.getgroups())}", flush=True)
+print(f"container {socket.gethostname()}", flush=True)
 print(f"extra args {rest}", flush=True)
+print(f"job from {'argv' if '--job' in sys.argv else 'JOB_JSON'}", flush=True)
 job = args.job
 if job.startswith("@"):
     with open(job[1:]) as file:

@@ -24,8 +24,14 @@ def engine_address() -> str:
 def connect() -> APIClient:
     """An API client at the engine's own API version (engines here speak 1.41, docker-py
     defaults to a newer one). Calls time out after 60 s; `wait` passes no timeout."""
-    import docker
-    from docker.errors import DockerException
+    try:
+        import docker
+        from docker.errors import DockerException
+    except ImportError:
+        raise ShimError(
+            "docker-py is not installed: pip install 'hypha-accelerate-executor[shim]'",
+            EXIT_DOCKER,
+        ) from None
 
     try:
         return docker.APIClient(version="auto", **docker.utils.kwargs_from_env())

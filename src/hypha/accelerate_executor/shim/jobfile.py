@@ -10,19 +10,7 @@ from hypha.accelerate_executor.shim.errors import EXIT_USAGE, ShimError
 JOB_FILE = ".hypha-job.json"
 
 
-def read_job_text(job: str) -> str:
-    """The job argument as the worker gives it: the JSON itself, or `@path`."""
-    if not job.startswith("@"):
-        return job
-    try:
-        with open(job[1:], encoding="utf-8") as file:
-            return file.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8"
-        raise ShimError(f"cannot read job file {job[1:]}: {reason}", EXIT_USAGE) from None
-
-
-def write_job_file(work_dir: str, text: str, uid: int, gid: int) -> str:
+def write_job_file(work_dir: str, data: bytes, uid: int, gid: int) -> str:
     """Writes WORK_DIR/.hypha-job.json, mode 0600, owned by the executor's uid:gid (it is
     left in the work dir, which the worker deletes). Returns its path."""
     path = os.path.join(work_dir, JOB_FILE)
@@ -43,7 +31,6 @@ def write_job_file(work_dir: str, text: str, uid: int, gid: int) -> str:
                     f"{os.geteuid()}; run it as the worker's user (or as root)",
                     EXIT_USAGE,
                 ) from None
-        data = text.encode("utf-8")
         while data:
             data = data[os.write(fd, data) :]
     finally:

@@ -1,15 +1,22 @@
 """`hypha-accelerate run`: what the Hypha worker starts for one job.
 
     hypha-accelerate run --variant cpu|cu126|cu129|cu130|rocm64|mps-host --socket S --work-dir W
-        --job J [--image IMG] [--bundle DIR] [--user UID:GID] [--network none|NAME]
+        [--job J] [--image IMG] [--bundle DIR] [--user UID:GID] [--network none|NAME]
         [--gpus all|0,1] [--accelerate-config auto|NAME|PATH] [--num-processes N]
-        [--memory 8g] [--shm-size 8g | --ipc host] [--pids-limit N] [--trust-remote-code]
+        [--memory 8g] [--shm-size 8g | --ipc host] [--pids-limit N]
+        [--trust-remote-code | --no-remote-code]
 
 Runs the variant's image with WORK_DIR (and so the bridge socket) bind-mounted at the same
 path, as the uid:gid owning WORK_DIR, with no network and no capabilities, and re-prints
 the executor's output line by line; `mps-host` runs the bundle as a host process instead.
+The job comes from JOB_JSON, which the Hypha worker sets, unless --job gives it: on a
+command line it would show in every local user's process list, tokens included.
 Exits with the executor's exit code; 143/130 when cancelled by SIGTERM/SIGINT; 2 for bad
 arguments or job; 125 when Docker cannot run the container.
+
+Remote code (a model repository's own Python, e.g. upstream's LeNet) runs only sandboxed:
+in a container without network it is allowed unless --no-remote-code; with --network NAME
+or on the host (mps-host) only with --trust-remote-code.
 """
 
 from __future__ import annotations
@@ -57,7 +64,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--variant", required=True, choices=VARIANTS)
     p.add_argument("--socket", required=True, help="the job bridge's socket, inside WORK_DIR")
     p.add_argument("--work-dir", required=True, help="the job's work directory")
-    p.add_argument("--job", required=True, help="the job spec JSON, or @PATH of a file with it")
+    p.add_argument(
+        "--job",
+        default=os.environ.get("JOB_JSON"),
+        help="the job spec JSON, or @PATH of a file with it; default: $JOB_JSON",
+    )
     p.add_argument(
         "--image",
         default=os.environ.get("HYPHA_ACCELERATE_IMAGE"),
@@ -82,12 +93,27 @@ def parser() -> argparse.ArgumentParser:
     shm.add_argument("--shm-size", type=size, help="/dev/shm size; default 1g cpu, 8g GPU")
     shm.add_argument("--ipc", choices=["host"], help="share the host's IPC namespace instead")
     p.add_argument("--pids-limit", type=_positive, metavar="N", help="default 4096")
-    p.add_argument(
+    remote = p.add_mutually_exclusive_group()
+    remote.add_argument(
         "--trust-remote-code",
         action="store_true",
-        help="let the executor run a model's own code (HYPHA_TRUST_REMOTE_CODE=1)",
+        help="let a model's own code run with a network or on the host too",
+    )
+    remote.add_argument(
+        "--no-remote-code",
+        action="store_true",
+        help="refuse a model's own code even in the sandboxed container",
     )
     return p
+
+
+def remote_code_allowed(args: argparse.Namespace) -> bool:
+    """A model's own code may run where it can do no harm beyond the job: in the container,
+    which has no network, a read-only root, no capabilities and no privileges to gain."""
+    if args.no_remote_code:
+        return False
+    sandboxed = args.variant != HOST_VARIANT and args.network == "none"
+    return sandboxed or args.trust_remote_code
 
 
 def _check_combinations(args: argparse.Namespace) -> None:
@@ -135,25 +161,27 @@ def _owner(path: str, user: str | None) -> tuple[int, int]:
 
 def run(args: argparse.Namespace, interrupts: Interrupts) -> int:
     from hypha.accelerate_executor.errors import JobSpecError
-    from hypha.accelerate_executor.job import parse_job
-    from hypha.accelerate_executor.shim.jobfile import read_job_text, write_job_file
+    from hypha.accelerate_executor.job import job_bytes, parse_job_bytes
+    from hypha.accelerate_executor.shim.jobfile import write_job_file
     from hypha.accelerate_executor.shim.spec import launcher_args
 
     _check_combinations(args)
     work_dir = os.path.abspath(args.work_dir)
     socket = os.path.abspath(args.socket)
     _check_paths(work_dir, socket)
-    text = read_job_text(args.job)
+    if args.job is None:
+        raise ShimError("the job is missing: give --job, or set JOB_JSON", EXIT_USAGE)
     try:
-        job = parse_job(text)
+        data = job_bytes(args.job)
+        job = parse_job_bytes(data)
     except JobSpecError as exc:
         raise ShimError(f"bad job: {exc}", EXIT_USAGE) from None
     uid, gid = _owner(work_dir, args.user)
-    job_path = write_job_file(work_dir, text, uid, gid)
+    job_path = write_job_file(work_dir, data, uid, gid)
     command = launcher_args(
         socket, work_dir, "@" + job_path, args.accelerate_config, args.num_processes
     )
-    env = {"HYPHA_TRUST_REMOTE_CODE": "1"} if args.trust_remote_code else {}
+    env = {"HYPHA_TRUST_REMOTE_CODE": "1"} if remote_code_allowed(args) else {}
     # Executors sharing a host each take their share of its cores: oversubscribed torch
     # threads slow every one of them down several times.
     if "OMP_NUM_THREADS" in os.environ:

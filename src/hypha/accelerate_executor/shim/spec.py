@@ -4,6 +4,7 @@ that both run with the same mounts, user and hardening."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -35,12 +36,15 @@ def default_shm_size(variant: str) -> str:
 def launcher_args(
     socket: str,
     work_dir: str,
-    job: str,
+    job: str | None = None,
     accelerate_config: str | None = None,
     num_processes: int | None = None,
 ) -> list[str]:
-    """The in-container launcher's arguments; the mps-host bundle's launcher takes the same."""
-    args = ["--socket", socket, "--work-dir", work_dir, "--job", job]
+    """The in-container launcher's arguments; the mps-host bundle's launcher takes the same.
+    Without `job` the launcher reads JOB_JSON from its environment."""
+    args = ["--socket", socket, "--work-dir", work_dir]
+    if job is not None:
+        args += ["--job", job]
     if accelerate_config:
         args += ["--accelerate-config", accelerate_config]
     if num_processes is not None:
@@ -61,6 +65,9 @@ class ContainerSpec:
     ipc_host: bool = False
     network: str = "none"
     env: dict[str, str] = field(default_factory=dict)
+    # Variables the container takes from the caller's environment (`docker run --env NAME`):
+    # their values never show on a command line.
+    env_from_caller: tuple[str, ...] = ()
     labels: dict[str, str] = field(default_factory=dict)
     memory: str | None = None
     pids_limit: int = DEFAULT_PIDS_LIMIT
@@ -100,7 +107,11 @@ class ContainerSpec:
             "image": self.image,
             "command": self.command,
             "user": self.user,
-            "environment": self.env or None,
+            "environment": {
+                **{n: os.environ[n] for n in self.env_from_caller if n in os.environ},
+                **self.env,
+            }
+            or None,
             "labels": self.labels,
             "host_config": host_config,
         }
@@ -127,6 +138,8 @@ class ContainerSpec:
             args += ["--group-add", group]
         for key, value in self.env.items():
             args += ["--env", f"{key}={value}"]
+        for name in self.env_from_caller:
+            args += ["--env", name]
         for key, value in self.labels.items():
             args += ["--label", f"{key}={value}"]
         args += ["--volume", f"{self.work_dir_source}:{self.work_dir}", self.image]

@@ -33,19 +33,23 @@ from hypha.accelerate_executor.shim.variants import (
 )
 
 PROG = "hypha-accelerate worker-config"
-TOKENS = ("{SOCKET_PATH}", "{WORK_DIR}", "{JOB_JSON}")
+# No {JOB_JSON}: the worker also exports the job as JOB_JSON, which the shim and the
+# launcher read, so that no command line (readable by every local user) holds a token.
+TOKENS = ("{SOCKET_PATH}", "{WORK_DIR}")
 ENTRY_HEAD = 'class = "train"\nname = "diloco-transformer"\nruntime = "process"\n'
 
 SHIM_NOTE = """\
 # The shim runs the job's container hardened and as the work dir's owner, removes it within
 # the worker's 5 s on SIGTERM (and, through its watchdog, after a SIGKILL), and keeps the job
-# JSON, which may hold a Hugging Face token, out of `docker inspect` and the process list."""
+# JSON (JOB_JSON, which may hold a Hugging Face token) out of `docker inspect` and every
+# process list. The model's own code (remote code) runs in the network-less container."""
 
 DOCKER_NOTE = """\
-# The worker runs `docker run` itself. NOTE: the worker puts the job JSON on the command
-# line, so the container's arguments hold it and `docker inspect` shows it to anyone who may
-# use the Docker engine, Hugging Face tokens included; and a SIGKILLed `docker run` leaves its
-# container running until the executor notices its bridge is gone. Prefer the shim entry.
+# The worker runs `docker run` itself. NOTE: `--env JOB_JSON` hands the job to the container
+# through its environment, which `docker inspect` shows to anyone who may use the Docker
+# engine, Hugging Face tokens included; a SIGKILLed `docker run` leaves its container running
+# until the executor notices its bridge is gone. Prefer the shim entry. A model's own code
+# runs, as in the shim's container: keep --network none with HYPHA_TRUST_REMOTE_CODE=1.
 # --user must stay the worker's uid:gid: the bridge socket is 0600."""
 
 
@@ -122,6 +126,8 @@ def docker_entry(variant: str, user: str) -> str:
         work_dir="{WORK_DIR}",
         work_dir_source="{WORK_DIR}",
         shm_size=default_shm_size(variant),
+        env={"HYPHA_TRUST_REMOTE_CODE": "1"},  # the shim's policy: sandboxed, no network
+        env_from_caller=("JOB_JSON",),
         labels={LABEL_VARIANT: variant, LABEL_WORK_DIR: "{WORK_DIR}"},
         nvidia_gpus="all" if variant in NVIDIA_VARIANTS else None,
         devices=devices,
@@ -149,7 +155,8 @@ def render(variant: str, mode: str, user: str, bundle: str | None) -> str:
         raise ShimError(f"--bundle applies to {HOST_VARIANT} only", EXIT_USAGE)
     parts = [
         f"# Hypha worker executor entries: hypha-accelerate executor, variant {variant}.\n"
-        "# The worker replaces {SOCKET_PATH}, {WORK_DIR} and {JOB_JSON} in every argument."
+        "# The worker replaces {SOCKET_PATH} and {WORK_DIR} in every argument and exports the\n"
+        "# job as JOB_JSON."
     ]
     if mode == "both":
         parts.append("# Paste ONE of the two entries below (both serve the same executor name).")
