@@ -4,7 +4,7 @@
 
 Every claim is a ratio against a baseline measured in the same run:
   inner   executor samples/s (real job, local cluster, 1 worker) vs a bare PyTorch loop
-  data    load_slice + batches_of vs a per-sample Dataset + default_collate, and vs training speed
+  data    load_slice + worker_batches vs a per-sample Dataset + default_collate, and vs training speed
   sync    one DiLoCo sync round (waiting excluded) vs one safetensors save_file, 1M-100M
   pseudo  the local demo with fp32 and with bf16 pseudo-gradients: bytes per round, loss
 Progress goes to stderr, the table to stdout. Full size takes four to five minutes on 2
