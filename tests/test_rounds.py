@@ -18,13 +18,13 @@ import torch
 from hypha.accelerate_executor.bridge import BridgeClient
 from hypha.accelerate_executor.errors import SchedulerError
 from hypha.accelerate_executor.job import LinearWithWarmup, WarmupStableDecay
+from hypha.accelerate_executor.optimization import build_lr_schedule
 from hypha.accelerate_executor.progress import StatusAnswer, StatusReporter
 from hypha.accelerate_executor.training import (
     JOB_DONE,
     TRAIN_ON,
     Decision,
     Verdict,
-    build_lr_schedule,
     scheduler_decision,
 )
 
@@ -136,7 +136,7 @@ def slow_bridge(short_tmp: Path) -> Iterator[tuple[Path, list[int]]]:
     server.server_close()
 
 
-def test_statuses_go_out_one_per_batch_concurrently_and_in_order(
+def test_statuses_go_out_one_per_batch_and_concurrently(
     slow_bridge: tuple[Path, list[int]],
 ) -> None:
     work_dir, arrived = slow_bridge
@@ -147,4 +147,5 @@ def test_statuses_go_out_one_per_batch_concurrently_and_in_order(
     reporter.close()
     assert [a.batch for a in answered] == list(range(1, 31))
     assert all(a.answer == CONTINUE for a in answered)
-    assert arrived == list(range(1, 31))  # one per batch, none merged, in batch order
+    # One per batch, none merged. (The order they are handled in is the server's threads'.)
+    assert sorted(arrived) == list(range(1, 31))

@@ -54,14 +54,28 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
         self._socket_path = socket_path
 
     def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(str(self._socket_path))
-        except OSError:
-            sock.close()
-            raise
-        self.sock = sock
+        # A Unix socket whose listen backlog is full refuses at once with EAGAIN rather than
+        # queueing the caller, as TCP would: several statuses connecting at the same moment
+        # can meet that, so try again for a while.
+        deadline = time.monotonic() + (self.timeout or REQUEST_TIMEOUT_S)
+        pause = 0.001
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(self.timeout)
+            try:
+                sock.connect(str(self._socket_path))
+            except BlockingIOError:
+                sock.close()
+                if time.monotonic() + pause > deadline:
+                    raise TimeoutError("the bridge's connection backlog stayed full") from None
+                time.sleep(pause)
+                pause = min(2 * pause, 0.05)
+                continue
+            except OSError:
+                sock.close()
+                raise
+            self.sock = sock
+            return
 
 
 def idle_connection_is_spent(sock: socket.socket) -> bool:

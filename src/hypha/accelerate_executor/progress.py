@@ -85,9 +85,14 @@ class StatusReporter:
 
         try:
             answer = self._bridge.status({"status": {"batch_size": samples}}, on_sent=pass_turn)
-        except ExecutorError as exc:
+        except Exception as exc:  # on a thread: whatever it is, the step loop must learn of it
+            failure = (
+                exc
+                if isinstance(exc, ExecutorError)
+                else BridgeGoneError(f"sending a status failed: {type(exc).__name__}: {exc}")
+            )
             with self._lock:
-                self._failure = self._failure or exc
+                self._failure = self._failure or failure
             return
         finally:
             pass_turn()

@@ -25,7 +25,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from hypha.accelerate_executor.errors import ExecutorError, JobSpecError
-from hypha.accelerate_executor.job import Job, LrScheduler, parse_job
+from hypha.accelerate_executor.job import Job, parse_job
 
 if TYPE_CHECKING:
     import torch
@@ -118,6 +118,7 @@ class Trainer:
         )
         from hypha.accelerate_executor.inputs import ModelInputs, slice_names
         from hypha.accelerate_executor.modeling import load_model, load_preprocessor
+        from hypha.accelerate_executor.optimization import adamw_arguments, build_lr_schedule
         from hypha.accelerate_executor.progress import StatusReporter
         from hypha.accelerate_executor.steps import MicroBatchedStep
         from hypha.accelerate_executor.sync import Synchroniser
@@ -318,38 +319,6 @@ def scheduler_decision(answers: list[StatusAnswer], current: Decision) -> Decisi
             counter = max(0, int(status.answer.get("counter", 0)))
             current = Decision(Verdict.SYNCHRONISE, status.batch + counter)
     return current
-
-
-def adamw_arguments(job: Job) -> dict[str, Any]:
-    """The job's optimizer as AdamW arguments; null fields keep torch's defaults."""
-    spec = job.config.optimizer
-    arguments: dict[str, Any] = {"lr": float(spec.learning_rate)}
-    if spec.betas is not None:
-        arguments["betas"] = (float(spec.betas[0]), float(spec.betas[1]))
-    if spec.epsilon is not None:
-        arguments["eps"] = float(spec.epsilon)
-    return arguments
-
-
-def build_lr_schedule(optimizer: torch.optim.Optimizer, spec: LrScheduler | None) -> Any:
-    import torch
-    from transformers import (
-        get_cosine_schedule_with_warmup,
-        get_linear_schedule_with_warmup,
-        get_wsd_schedule,
-    )
-
-    if spec is None:
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-    if spec.type == "cosine-with-warmup":
-        return get_cosine_schedule_with_warmup(optimizer, spec.warmup_steps, spec.training_steps)
-    if spec.type == "linear-with-warmup":
-        return get_linear_schedule_with_warmup(optimizer, spec.warmup_steps, spec.training_steps)
-    # The wire's wsd names no total length: warm up, then decay right away over
-    # decay_steps, and hold the floor (10% of the peak) after that.
-    return get_wsd_schedule(
-        optimizer, spec.warmup_steps, spec.decay_steps, num_stable_steps=0, min_lr_ratio=0.1
-    )
 
 
 def micro_batch_size(value: str) -> int | None:
