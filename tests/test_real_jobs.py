@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
+from hypha.accelerate_executor.local.assets import ensure_assets
 from hypha.accelerate_executor.local.bridge_server import BridgeServer
 from hypha.accelerate_executor.local.coordinator import Catalog, Coordinator, RunOptions
 from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
@@ -76,13 +77,19 @@ def default_job(job: dict[str, Any]) -> dict[str, Any]:
     return job
 
 
-def run_default_job(
-    catalog: Catalog, work_base: Path, command: list[str], env: dict[str, str], rounds: int = 3
+def run_job(
+    catalog: Catalog,
+    work_base: Path,
+    command: list[str],
+    env: dict[str, str],
+    options: RunOptions,
+    reshape: Any = lambda job: job,
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
-    options = RunOptions(workers=1, rounds=rounds, steps_per_round=8, lead=1, batch_size=600)
+    """One job of the stand-in's (reshaped) run by `command` against its bridge; the
+    executor's result and the coordinator's record of the worker."""
     with Coordinator(catalog, options) as coordinator:
         client = CoordinatorClient(coordinator.url)
-        job = default_job(json.loads(client.request_job("w1")))
+        job = reshape(json.loads(client.request_job("w1")))
         work_dir = work_base / "work"
         work_dir.mkdir()
         with BridgeServer(work_dir, client.backend(job["job_id"])) as bridge:
@@ -93,6 +100,13 @@ def run_default_job(
                 env={**os.environ, "OMP_NUM_THREADS": "1", **env},
             )  # fmt: skip
         return result, coordinator.summary()["workers"]["w1"]
+
+
+def run_default_job(
+    catalog: Catalog, work_base: Path, command: list[str], env: dict[str, str]
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    options = RunOptions(workers=1, rounds=3, steps_per_round=8, lead=1, batch_size=600)
+    return run_job(catalog, work_base, command, env, options, default_job)
 
 
 EXECUTOR = [sys.executable, "-m", "hypha.accelerate_executor.training"]
@@ -126,3 +140,22 @@ def test_remote_code_is_refused_unless_allowed(catalog: Catalog, short_tmp: Path
         "hypha-executor: bad job: the model ships its own Python code (config.json has an "
         "auto_map); set HYPHA_TRUST_REMOTE_CODE=1 to allow it"
     )
+
+
+def test_language_slices_without_labels_train_causal_lm(tmp_path: Path, short_tmp: Path) -> None:
+    """Slices as upstream's data docs prepare language data: input_ids and attention_mask,
+    no labels, some rows padded, 64 samples each against a batch of 24."""
+    assets = ensure_assets(tmp_path / "assets")
+    language = tmp_path / "language"
+    language.mkdir()
+    for path in sorted(assets.dataset_dir.glob("*.safetensors")):
+        ids = load_file(path)["input_ids"]
+        mask = torch.ones_like(ids)
+        mask[1::2, -5:] = 0
+        save_file({"input_ids": ids * mask, "attention_mask": mask}, language / path.name)
+    catalog = Catalog(assets.models_dir, language, assets.spec.dataset_name)
+    options = RunOptions(workers=1, rounds=3, steps_per_round=15, batch_size=24)
+    result, worker = run_job(catalog, short_tmp, EXECUTOR, {}, options)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    losses = [metrics["loss"] for _, metrics in sorted(worker["metrics"].items())]
+    assert losses[-1] < 0.8 * losses[0], losses
