@@ -7,7 +7,8 @@ backend, nothing else changes), and the executor trains the demo job as a proces
 local worker. Measured: the median samples/s of rounds 2.. (the executor's own metrics)
 against the same with no delay, and how many batches the executor trained past the
 ScheduleUpdate's counter because its answer came late (the round line's overshoot). The
-delays run in turns, repeated, so that the machine's drift falls on all of them alike.
+delays run in turns, repeated, so that the machine's drift falls on all of them alike; the
+executor runs torch on one thread.
 """
 
 from __future__ import annotations
@@ -69,7 +70,11 @@ def one_run(
     """The executor's median samples/s over rounds 2.. and its total overshoot."""
     assets = ensure_assets(spec=shape.asset_spec())
     with Coordinator(Catalog.from_assets(assets), options, name="bench-coordinator") as coordinator:
-        worker = LocalWorker("bench-worker", preset("process"), work_base)
+        # One torch thread: on a loaded machine, two would spin against the others' work,
+        # and the ratio would measure the machine instead of the executor.
+        worker = LocalWorker(
+            "bench-worker", preset("process"), work_base, env={"OMP_NUM_THREADS": "1"}
+        )
         failure: list[BaseException] = []
 
         def serve() -> None:
