@@ -30,7 +30,13 @@ from hypha.accelerate_executor.training import (
 
 
 def answers(*pairs: tuple[int, dict[str, object]]) -> list[StatusAnswer]:
-    return [StatusAnswer(answer, batch) for batch, answer in pairs]
+    """Answers in the order given, as they came."""
+    seen = 0
+    came = []
+    for batch, answer in pairs:
+        seen = max(seen, batch)
+        came.append(StatusAnswer(answer, batch, seen))
+    return came
 
 
 CONTINUE = {"type": "Continue"}
@@ -46,6 +52,12 @@ def test_schedule_update_names_the_batch_to_synchronise_after() -> None:
     assert got == Decision(Verdict.SYNCHRONISE, last_batch=9)
     zero = scheduler_decision(answers((7, {"type": "ScheduleUpdate", "counter": 0})), TRAIN_ON)
     assert zero.last_batch == 7  # the batch it answers was the last
+
+
+def test_statuses_that_overtook_the_answered_one_count_as_seen() -> None:
+    # The scheduler handled batch 8's status before batch 7's, and answered 7's counting both.
+    pending = answers((8, CONTINUE), (7, {"type": "ScheduleUpdate", "counter": 2}))
+    assert scheduler_decision(pending, TRAIN_ON).last_batch == 10
 
 
 def test_a_later_schedule_update_does_not_move_the_round_end() -> None:
@@ -145,7 +157,7 @@ def test_statuses_go_out_one_per_batch_and_concurrently(
         reporter.batch_done(batch, samples=batch)  # samples tell the statuses apart
     answered = reporter.flush()
     reporter.close()
-    assert [a.batch for a in answered] == list(range(1, 31))
+    assert sorted(a.batch for a in answered) == list(range(1, 31))
     assert all(a.answer == CONTINUE for a in answered)
     # One per batch, none merged. (The order they are handled in is the server's threads'.)
     assert sorted(arrived) == list(range(1, 31))

@@ -306,8 +306,10 @@ _SYNC_VERDICTS = {"Continue": Verdict.TRAIN, "Done": Verdict.DONE}
 def scheduler_decision(answers: list[StatusAnswer], current: Decision) -> Decision:
     """The round's decision once the status answers that came in are taken into account.
 
-    ScheduleUpdate{counter} answering batch b means: train `counter` more batches after b,
-    then synchronise. Batches trained while its answer travelled count among them.
+    ScheduleUpdate{counter} means: train `counter` more batches after those the scheduler
+    has counted, then synchronise. It counted the batch the answer is for and, where statuses
+    overtook each other on the way, the later ones answered before it. Batches trained while
+    the answer travelled count among the `counter`.
     """
     from hypha.accelerate_executor.progress import expect
 
@@ -317,7 +319,7 @@ def scheduler_decision(answers: list[StatusAnswer], current: Decision) -> Decisi
             return JOB_DONE
         if kind == "ScheduleUpdate" and current.verdict is Verdict.TRAIN:
             counter = max(0, int(status.answer.get("counter", 0)))
-            current = Decision(Verdict.SYNCHRONISE, status.batch + counter)
+            current = Decision(Verdict.SYNCHRONISE, status.seen + counter)
     return current
 
 
