@@ -79,6 +79,7 @@ class MicroBatchedStep:
     def __call__(self, batch: Batch) -> torch.Tensor:
         """Trains one step on `batch` (this rank's share); returns this rank's part of the
         worker batch's mean loss, detached and on the device. The optimizer has stepped."""
+        samples = next(iter(batch.values())).shape[0]
         while True:
             loss = self._attempt(batch)
             if loss is not None:
@@ -86,14 +87,14 @@ class MicroBatchedStep:
             self.optimizer.zero_grad(set_to_none=True)
             self.accelerator.gradient_state._set_sync_gradients(True)
             clear_device_cache(garbage_collection=True)
-            if self.micro_batch_size == 1:
+            tried = min(self.micro_batch_size, samples)
+            if tried == 1:
                 raise OutOfMemory("out of memory even in micro-batches of 1 sample")
-            smaller = self.micro_batch_size // 2
+            self.micro_batch_size = tried // 2
             self.say(
-                f"out of memory in micro-batches of {self.micro_batch_size} samples: "
-                f"running the step again in micro-batches of {smaller}"
+                f"out of memory in micro-batches of {tried} samples: "
+                f"running the step again in micro-batches of {self.micro_batch_size}"
             )
-            self.micro_batch_size = smaller
 
     def _attempt(self, batch: Batch) -> torch.Tensor | None:
         """The step in micro-batches of the current size; None if memory ran out."""
@@ -137,6 +138,7 @@ class MicroBatchedStep:
         worker's batch. Gradients are synchronised across processes by the last one only
         (accelerate's sync flag does it for DeepSpeed, no_sync for DDP and FSDP)."""
         weight = next(iter(micro.values())).shape[0] / self.batch_size
+        # What accelerate's own accumulate() sets; its optimizer steps only when it is True.
         self.accelerator.gradient_state._set_sync_gradients(synchronise)
         with contextlib.nullcontext() if synchronise else self.accelerator.no_sync(self.model):
             with self.accelerator.autocast():
