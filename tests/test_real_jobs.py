@@ -159,3 +159,16 @@ def test_language_slices_without_labels_train_causal_lm(tmp_path: Path, short_tm
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     losses = [metrics["loss"] for _, metrics in sorted(worker["metrics"].items())]
     assert losses[-1] < 0.8 * losses[0], losses
+
+
+def test_micro_batches_follow_the_whole_batch_loss_curve(catalog: Catalog, short_tmp: Path) -> None:
+    """HYPHA_MICRO_BATCH_SIZE=128 splits each share of 600 into 5 micro-batches (the last of
+    88): the job's per-round losses match those of whole batches."""
+    curves = []
+    for micro, base in (("auto", short_tmp / "whole"), ("128", short_tmp / "micro")):
+        base.mkdir()
+        env = {"HYPHA_TRUST_REMOTE_CODE": "1", "HYPHA_MICRO_BATCH_SIZE": micro}
+        result, worker = run_default_job(catalog, base, EXECUTOR, env)
+        assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+        curves.append([m["loss"] for _, m in sorted(worker["metrics"].items())])
+    assert curves[1] == pytest.approx(curves[0], rel=1e-4)

@@ -3,6 +3,7 @@ whole batch's gradient, and the out-of-memory fallback."""
 
 from __future__ import annotations
 
+import argparse
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -13,6 +14,7 @@ from accelerate import Accelerator
 
 from hypha.accelerate_executor.distributed import Ranks
 from hypha.accelerate_executor.steps import MicroBatchedStep, NoLossError, OutOfMemory, loss_of
+from hypha.accelerate_executor.training import micro_batch_size
 
 
 class LeNetish(torch.nn.Module):
@@ -127,3 +129,11 @@ def test_out_of_memory_halves_the_micro_batch_and_retries_the_step() -> None:
 def test_out_of_memory_at_one_sample_is_one_clear_error() -> None:
     with pytest.raises(OutOfMemory, match="even in micro-batches of 1 sample"):
         stepper(LeNetish(oom_above=0), sgd)(batch())
+
+
+def test_the_micro_batch_size_setting_is_a_number_or_auto() -> None:
+    assert micro_batch_size("auto") is None and micro_batch_size("") is None
+    assert micro_batch_size("64") == 64
+    for bad in ("0", "-3", "1.5", "lots"):
+        with pytest.raises(argparse.ArgumentTypeError, match="neither a positive number"):
+            micro_batch_size(bad)
