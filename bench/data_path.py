@@ -1,6 +1,6 @@
 """Benchmark 2: one data slice to batches, the executor's way against the naive way.
 
-The executor's way is `load_slice` + `batches_of`: the file read into one buffer (mapped,
+The executor's way is `load_slice` + `worker_batches`: the file read into one buffer (mapped,
 when large), batches cut from it as views along the sample dimension. The naive way is the
 one a PyTorch user writes: safetensors' own `load_file`, a map-style Dataset indexed sample
 by sample, and `torch.utils.data.default_collate` for each batch, which is what
@@ -25,7 +25,7 @@ from torch.utils.data import Dataset, default_collate
 
 from bench.errors import BenchError
 from bench.timing import interleaved_medians
-from hypha.accelerate_executor.data import Batch, batches_of, load_slice
+from hypha.accelerate_executor.data import Batch, Share, load_slice, worker_batches
 
 NAMES = ["input_ids", "labels"]
 
@@ -69,7 +69,8 @@ def write_slice(path: Path, shape: SliceShape, vocab_size: int = 512) -> None:
 
 
 def executor_batches(path: Path, batch_size: int) -> list[Batch]:
-    return list(batches_of(load_slice(path, NAMES), batch_size, rank=0, world=1))
+    slices = iter([load_slice(path, NAMES)])
+    return list(worker_batches(slices, batch_size, Share(0, batch_size)))
 
 
 class SliceDataset(Dataset[Batch]):

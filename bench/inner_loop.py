@@ -47,7 +47,7 @@ from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
 from hypha.accelerate_executor.local.demo import supervise
 from hypha.accelerate_executor.local.worker import LocalWorker, preset, serve_one_job
 from hypha.accelerate_executor.modeling import load_model
-from hypha.accelerate_executor.training import adamw_arguments, build_lr_schedule
+from hypha.accelerate_executor.optimization import adamw_arguments, build_lr_schedule
 
 
 @dataclass

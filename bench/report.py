@@ -10,6 +10,7 @@ from typing import Any, Literal
 from bench.data_path import DataPathResult
 from bench.inner_loop import InnerLoopResult
 from bench.pseudo_gradient import DtypeRun
+from bench.status_delay import StatusDelayResult
 from bench.sync_round import SyncResult
 
 
@@ -30,6 +31,8 @@ DATA_PATH_TARGET = Target(">=", 10)
 # Batches/s over training steps/s: batching costs at most a tenth of a step.
 DATA_HEADROOM_TARGET = Target(">=", 10)
 SYNC_ROUND_TARGET = Target("<=", 2.5)
+# Samples/s with status answers delayed, against none: a late answer must not slow steps.
+STATUS_DELAY_TARGET = Target(">=", 0.95)
 DTYPE_NAMES = {"float32": "fp32", "bfloat16": "bf16"}
 
 
@@ -75,6 +78,25 @@ def inner_loop_rows(results: list[InnerLoopResult]) -> list[Row]:
             INNER_LOOP_TARGET,
         )
         for r in results
+    ]
+
+
+def status_delay_rows(results: list[StatusDelayResult]) -> list[Row]:
+    baseline = next((r for r in results if r.delay_ms == 0), None)
+    if baseline is None:
+        return []
+    return [
+        Row(
+            "status delay",
+            f"{r.model}, batch {r.batch_size}, answers +{r.delay_ms} ms",
+            f"{r.median_samples_per_s:.1f} samples/s, overshoot "
+            f"{'/'.join(str(n) for n in r.overshoot)} in {r.rounds} rounds",
+            f"{baseline.median_samples_per_s:.1f} at +0 ms",
+            r.median_samples_per_s / baseline.median_samples_per_s,
+            STATUS_DELAY_TARGET,
+        )
+        for r in results
+        if r is not baseline
     ]
 
 

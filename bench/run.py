@@ -1,12 +1,14 @@
 """Runs the executor's performance benchmarks; prints a table, writes JSON and a plot.
 
-    python bench/run.py [--quick] [--out DIR] [--only inner,data,sync,pseudo]
+    python bench/run.py [--quick] [--out DIR] [--only inner,data,sync,pseudo,status]
 
 Every claim is a ratio against a baseline measured in the same run:
   inner   executor samples/s (real job, local cluster, 1 worker) vs a bare PyTorch loop
-  data    load_slice + batches_of vs a per-sample Dataset + default_collate, and vs training speed
+  data    load_slice + worker_batches vs a per-sample Dataset + default_collate, and vs training speed
   sync    one DiLoCo sync round (waiting excluded) vs one safetensors save_file, 1M-100M
   pseudo  the local demo with fp32 and with bf16 pseudo-gradients: bytes per round, loss
+  status  executor samples/s with the scheduler's answers 20 and 100 ms late vs on time,
+          and the batches trained past ScheduleUpdate because of it
 Progress goes to stderr, the table to stdout. Full size takes four to five minutes on 2
 cores: run it on a quiet machine. The notes under the table say when it was not (the
 load average, and the share of the CPU other processes took during each benchmark).
@@ -31,7 +33,7 @@ if __name__ == "__main__" and not __package__:
     # `python bench/run.py` puts bench/ first on sys.path; the `bench` package needs its parent.
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from bench import data_path, inner_loop, pseudo_gradient, report, sync_round
+from bench import data_path, inner_loop, pseudo_gradient, report, status_delay, sync_round
 from bench.data_path import SliceShape
 from bench.errors import BenchError
 from bench.models import DEMO, HUGE_100M, LARGE_32M, MEDIUM_10M, MICRO, SMALL_1M, Shape
@@ -39,7 +41,7 @@ from bench.timing import machine_cpu_seconds, own_cpu_seconds
 from hypha.accelerate_executor.local.coordinator import RunOptions
 from hypha.accelerate_executor.training import OneLineArgumentParser
 
-BENCHMARKS = ("inner", "data", "sync", "pseudo")
+BENCHMARKS = ("inner", "data", "sync", "pseudo", "status")
 # A load average above this at the start is worth a warning before anything runs.
 QUIET_LOAD = 1.0
 # Other processes' share of the machine's CPU during a benchmark above which it is flagged.
@@ -58,6 +60,11 @@ class Size:
     sync_dtypes: tuple[str, ...]
     demo: RunOptions = field(default_factory=RunOptions)
     batch_size: int = 8
+    # One worker; lead 1 so a late ScheduleUpdate shows as overshoot.
+    status: RunOptions = field(
+        default_factory=lambda: RunOptions(workers=1, rounds=5, steps_per_round=40)
+    )
+    status_repeats: int = 3
 
 
 DEMO_SLICE = SliceShape(64, 64)  # the local cluster's slices
@@ -81,6 +88,8 @@ SIZES = {
         sync_rounds=3,
         sync_dtypes=("float32", "bfloat16"),
         demo=RunOptions(workers=2, rounds=3, steps_per_round=15),
+        status=RunOptions(workers=1, rounds=3, steps_per_round=30),
+        status_repeats=1,
     ),
     # For the test suite: proves every benchmark runs end to end, measures nothing useful.
     "smoke": Size(
@@ -92,6 +101,8 @@ SIZES = {
         sync_rounds=1,
         sync_dtypes=("float32",),
         demo=RunOptions(workers=2, rounds=2, steps_per_round=3),
+        status=RunOptions(workers=1, rounds=2, steps_per_round=4),
+        status_repeats=1,
     ),
 }
 
@@ -182,6 +193,7 @@ def run(
     data: list[data_path.DataPathResult] = []
     sync: list[sync_round.SyncResult] = []
     pseudo: list[pseudo_gradient.DtypeRun] = []
+    status: list[status_delay.StatusDelayResult] = []
     others: dict[str, float] = {}
     scratch = Path(tempfile.mkdtemp(prefix="hypha-bench-"))  # short: socket paths live here
     try:
@@ -219,6 +231,14 @@ def run(
                 lambda: pseudo_gradient.run(out, scratch / "pseudo", size.demo),
                 others,
             )
+        if "status" in only:
+            status = timed(
+                "status delay",
+                lambda: status_delay.run(
+                    scratch / "status", DEMO, size.status, size.status_repeats
+                ),
+                others,
+            )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     load_after = os.getloadavg()[0]
@@ -229,6 +249,7 @@ def run(
         *report.data_path_rows(data, fastest_training),
         *report.sync_round_rows(sync),
         *report.pseudo_gradient_rows(pseudo),
+        *report.status_delay_rows(status),
     ]
     print(report.table(rows))
     notes = _notes(inner, sync, load_before, load_after, others)
@@ -252,6 +273,7 @@ def run(
             ],
             "sync_round": [_with(r, "ratio") for r in sync],
             "pseudo_gradient": [asdict(r) for r in pseudo],
+            "status_delay": [_with(r, "median_samples_per_s") for r in status],
         },
     )
     report.plot(out / "performance.png", inner, sync)

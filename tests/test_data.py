@@ -1,21 +1,31 @@
-"""Slices to batches: views cut along the sample dimension, interleaved across ranks."""
+"""Slices to the worker's batches: across slice boundaries, shared by ranks, files owned."""
 
 from __future__ import annotations
 
+import json
+import socketserver
+import threading
 from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import save_file
 
+from hypha.accelerate_executor.bridge import BridgeClient
 from hypha.accelerate_executor.data import (
+    OWN_SLICES_DIR,
     READ_WHOLE_BYTES,
+    Batch,
     DataError,
-    batches_of,
+    Share,
+    SliceStream,
     load_slice,
+    worker_batches,
 )
 from hypha.accelerate_executor.errors import ExecutorError
+from hypha.accelerate_executor.job import SchedulerReference
 from hypha.accelerate_executor.tensorfile import layout
 
 
@@ -37,64 +47,162 @@ def large_slice_file(tmp_path: Path) -> Path:
     return tmp_path / "18"
 
 
-def reference_batches(
-    tensors: dict[str, torch.Tensor], batch_size: int, rank: int, world: int
-) -> list[dict[str, torch.Tensor]]:
-    """Batches the plain way: rank r takes batches r, r + world, ...; the remainder is dropped."""
-    samples = len(next(iter(tensors.values())))
-    usable = samples // (batch_size * world) * batch_size * world
-    starts = range(rank * batch_size, usable, batch_size * world)
-    return [
-        {name: t[start : start + batch_size] for name, t in tensors.items()} for start in starts
-    ]
+def numbered_slices(sizes: list[int]) -> list[Batch]:
+    """Slices whose samples are numbered 0, 1, 2, ... across all of them."""
+    slices, first = [], 0
+    for size in sizes:
+        ids = torch.arange(first, first + size)
+        slices.append({"ids": ids, "rows": torch.stack([ids, -ids], dim=1)})
+        first += size
+    return slices
 
 
-def assert_same_batches(
-    got: list[dict[str, torch.Tensor]], want: list[dict[str, torch.Tensor]]
+def samples_of(batches: list[Batch]) -> list[list[int]]:
+    return [batch["ids"].tolist() for batch in batches]
+
+
+@pytest.mark.parametrize(
+    ("batch_size", "world", "shares"),
+    [(600, 1, [600]), (600, 2, [300, 300]), (7, 3, [3, 2, 2]), (5, 4, [2, 1, 1, 1])],
+)
+def test_shares_cover_the_worker_batch_with_the_remainder_first(
+    batch_size: int, world: int, shares: list[int]
 ) -> None:
-    assert len(got) == len(want)
-    for a, b in zip(got, want, strict=True):
-        assert a.keys() == b.keys()
-        assert all(torch.equal(a[name], b[name]) for name in a)
+    got = [Share.of(batch_size, rank, world) for rank in range(world)]
+    assert [share.size for share in got] == shares
+    assert [share.start for share in got] == [sum(shares[:rank]) for rank in range(world)]
 
 
-def test_batches_are_views_of_the_slice(slice_file: Path) -> None:
-    tensors = load_slice(slice_file, ["input_ids", "labels"])
-    assert set(tensors) == {"input_ids", "labels"}
-    batches = list(batches_of(tensors, batch_size=3, rank=0, world=1))
-    assert len(batches) == 3  # 10 samples: the last one fills no batch
-    assert batches[1]["input_ids"][0, 0] == 12 and batches[1]["labels"][0, 0] == 1012
-    assert batches[0]["input_ids"].data_ptr() == tensors["input_ids"].data_ptr()  # no copy
+@pytest.mark.parametrize("sizes", [[1000, 1000, 1000], [10, 3, 7, 1, 20], [250] * 8])
+def test_batches_cross_slices_and_take_every_sample_once_in_order(sizes: list[int]) -> None:
+    batch_size = 600 if sizes[0] == 1000 else 6
+    batches = list(worker_batches(iter(numbered_slices(sizes)), batch_size, Share(0, batch_size)))
+    trained = [sample for batch in samples_of(batches) for sample in batch]
+    assert trained == list(range(len(trained)))  # in order, none skipped, none twice
+    assert all(len(batch["ids"]) == batch_size for batch in batches)
+    assert sum(sizes) - len(trained) < batch_size  # only the unfinished batch is left
+    for batch in batches:
+        assert torch.equal(batch["rows"][:, 0], batch["ids"])  # tensors stay aligned
 
 
-def test_ranks_take_disjoint_interleaved_batches(slice_file: Path) -> None:
-    tensors = load_slice(slice_file, None)
-    per_rank = [list(batches_of(tensors, batch_size=2, rank=r, world=2)) for r in (0, 1)]
-    assert [len(b) for b in per_rank] == [2, 2]
-    firsts = sorted(int(b["input_ids"][0, 0]) for batches in per_rank for b in batches)
-    assert firsts == [0, 8, 16, 24]
+def test_ranks_train_the_worker_batch_between_them() -> None:
+    sizes, batch_size, world = [10, 3, 7, 1, 20], 7, 3
+    per_rank = [
+        samples_of(
+            list(worker_batches(iter(numbered_slices(sizes)), batch_size, Share.of(7, r, world)))
+        )
+        for r in range(world)
+    ]
+    for step, shares in enumerate(zip(*per_rank, strict=True)):
+        assert [n for share in shares for n in share] == list(range(7 * step, 7 * step + 7))
 
 
-@pytest.mark.parametrize(("batch_size", "world"), [(1, 1), (3, 1), (2, 2), (3, 3), (4, 2), (7, 1)])
-def test_batches_match_plain_slicing_for_every_rank(batch_size: int, world: int) -> None:
-    base = torch.arange(23 * 6).reshape(23, 6)
-    # A non-contiguous tensor too: batches_of must follow strides, not assume a layout.
-    tensors = {"a": base, "b": base.t().contiguous().t(), "c": base[:, ::2], "d": base[:, 0]}
-    for rank in range(world):
-        got = list(batches_of(tensors, batch_size, rank, world))
-        assert_same_batches(got, reference_batches(tensors, batch_size, rank, world))
+def test_a_share_within_one_slice_is_a_view() -> None:
+    (first,) = numbered_slices([20])
+    batch = next(worker_batches(iter([first]), 8, Share(2, 4)))
+    assert batch["ids"].tolist() == [2, 3, 4, 5]
+    assert batch["ids"].data_ptr() == first["ids"][2:].data_ptr()  # no copy
+
+
+def test_token_rows_of_different_lengths_are_padded_where_slices_meet() -> None:
+    short = {"input_ids": torch.ones(2, 3, dtype=torch.int64), "labels": torch.ones(2, 3)}
+    long = {"input_ids": torch.full((2, 5), 2), "labels": torch.full((2, 5), 2.0)}
+    short["labels"] = short["labels"].long()
+    long["labels"] = long["labels"].long()
+    (batch,) = worker_batches(iter([short, long]), 4, Share(0, 4))
+    assert batch["input_ids"].tolist()[1] == [1, 1, 1, 0, 0]
+    assert batch["labels"].tolist()[1] == [1, 1, 1, -100, -100]
+    assert batch["input_ids"].tolist()[2] == [2] * 5
+
+
+def test_images_of_different_shapes_in_one_batch_are_refused() -> None:
+    slices = [{"images": torch.zeros(2, 1, 28, 28)}, {"images": torch.zeros(2, 1, 32, 32)}]
+    with pytest.raises(DataError, match="tensor images has per-sample shapes"):
+        list(worker_batches(iter(slices), 4, Share(0, 4)))
 
 
 def test_slice_above_the_read_limit_gives_the_same_batches(large_slice_file: Path) -> None:
     tensors = load_slice(large_slice_file, ["input_ids", "labels"])
     expected = torch.arange(2050 * 80).reshape(2050, 80)
     assert torch.equal(tensors["input_ids"], expected)
-    for rank in (0, 1):
-        got = list(batches_of(tensors, batch_size=8, rank=rank, world=2))
-        assert len(got) == 2050 // 16
-        assert_same_batches(
-            got, reference_batches({"input_ids": expected, "labels": expected + 1}, 8, rank, 2)
-        )
+    batches = list(worker_batches(iter([tensors]), 16, Share(8, 8)))
+    assert len(batches) == 2050 // 16
+    assert torch.equal(batches[3]["input_ids"], expected[3 * 16 + 8 : 4 * 16])
+
+
+def test_optional_tensors_are_taken_when_present(slice_file: Path) -> None:
+    tensors = load_slice(slice_file, ["input_ids"], optional=("attention_mask", "labels"))
+    assert sorted(tensors) == ["input_ids", "labels"]
+
+
+class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+
+def in_place_bridge(socket_path: Path, work_dir: Path, slices: list[Batch]) -> _Server:
+    """A bridge whose every fetch hands out slice index 0, written into artifacts/0 in place
+    as the Rust bridge does (File::create: truncate the same inode, then write)."""
+    payloads = iter(slices)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            target = work_dir / "artifacts" / "0"
+            target.parent.mkdir(exist_ok=True)
+            staged = work_dir / "staged"
+            save_file(next(payloads), staged)
+            with open(target, "r+b" if target.exists() else "wb") as out:
+                out.truncate(0)
+                out.write(staged.read_bytes())
+            body = json.dumps([{"path": "artifacts/0", "size": target.stat().st_size}]).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = _Server(str(socket_path), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+class OneRank:
+    index, count, is_main = 0, 1, True
+
+    def share(self, value: object) -> object:
+        return value
+
+
+def test_a_slice_rewritten_in_place_never_changes_what_is_trained(short_tmp: Path) -> None:
+    """Slices over READ_WHOLE_BYTES, so the executor maps them; the same index each time, so
+    the bridge truncates and rewrites the file a batch still reads from (SIGBUS, had the
+    executor mapped the bridge's file)."""
+    samples = READ_WHOLE_BYTES // (8 * 64) + 100
+    slices = [
+        {
+            "ids": torch.arange(n * samples, (n + 1) * samples),
+            "pad": torch.zeros(samples, 64, dtype=torch.float64),
+        }
+        for n in range(12)
+    ]
+    server = in_place_bridge(short_tmp / "bridge.sock", short_tmp, slices)
+    try:
+        bridge = BridgeClient(short_tmp / "bridge.sock", short_tmp)
+        reference = SchedulerReference(type="scheduler", peer="12D3KooWsched", dataset="d")
+        stream = SliceStream(bridge, short_tmp, reference, (["ids", "pad"], ()), 1000, OneRank())  # type: ignore[arg-type]
+        batches = iter(stream)
+        for step in range(5 * samples // 1000):
+            batch = next(batches)
+            assert batch["ids"].tolist() == list(range(step * 1000, (step + 1) * 1000))
+        stream.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+    # Only the slices still in use are kept, under the executor's own names.
+    assert len(list((short_tmp / OWN_SLICES_DIR).iterdir())) <= 2
 
 
 def test_writing_into_a_batch_leaves_the_file_unchanged(
@@ -102,7 +210,7 @@ def test_writing_into_a_batch_leaves_the_file_unchanged(
 ) -> None:
     for path in (slice_file, large_slice_file):
         before = path.read_bytes()
-        batch = next(batches_of(load_slice(path, ["input_ids"]), 2, rank=0, world=1))
+        batch = next(worker_batches(iter([load_slice(path, ["input_ids"])]), 2, Share(0, 2)))
         batch["input_ids"].fill_(-1)
         assert path.read_bytes() == before
 
@@ -122,7 +230,7 @@ def test_unaligned_tensor_is_copied_to_aligned_memory(tmp_path: Path) -> None:
 
 def test_empty_tensors_give_empty_batches(tmp_path: Path) -> None:
     save_file({"ids": torch.ones(4, 2), "none": torch.zeros(4, 0)}, tmp_path / "empty")
-    batches = list(batches_of(load_slice(tmp_path / "empty", None), 2, rank=0, world=1))
+    batches = list(worker_batches(iter([load_slice(tmp_path / "empty", None)]), 2, Share(0, 2)))
     assert [tuple(b["none"].shape) for b in batches] == [(2, 0), (2, 0)]
 
 

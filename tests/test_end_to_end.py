@@ -81,7 +81,7 @@ def test_two_accelerate_processes_through_two_rounds(
     summary = summary_of(tmp_path / "out")
     # Two short rounds: the demo's x0.6 verdict is not the point here, a clean run is.
     assert summary["workers"]["w1"]["exit_code"] == 0, output[-3000:]
-    assert "batch 8 x 2 process(es)" in output
+    assert "batch 8 over 2 process(es)" in output
     assert output.count("round 2: done") == 1  # rank 0 alone speaks
     assert summary["rounds"][-1]["mean_loss"] < summary["rounds"][0]["mean_loss"]
 
@@ -116,7 +116,8 @@ def test_deepspeed_configs_train_two_rounds(
     assert summary["workers"]["w1"]["exit_code"] == 0, output[-3000:]
     assert "0.47M parameters" in output  # counted even where ZeRO-3 partitioned them
     assert (
-        "batch 8 x 2 process(es) on cpu, distributed type DEEPSPEED, mixed precision bf16" in output
+        "batch 8 over 2 process(es) on cpu, distributed type DEEPSPEED, mixed precision bf16"
+        in output
     )
     assert output.count("round 2: done") == 1 and "FutureWarning" not in output
     assert summary["rounds"][-1]["mean_loss"] < summary["rounds"][0]["mean_loss"]

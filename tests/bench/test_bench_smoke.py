@@ -39,6 +39,7 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path: Path) -> None:
         "data path",
         "sync round",
         "pseudo-gradient",
+        "status delay",
     }
     for row in results["rows"]:
         assert math.isfinite(row["ratio"]) and row["ratio"] > 0, row
@@ -47,7 +48,7 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path: Path) -> None:
     assert results["size"] == "smoke"
     assert (tmp_path / "performance.png").read_bytes().startswith(b"\x89PNG")
     others = results["cpu_share_of_other_processes"]
-    assert len(others) == 4 and all(share >= 0 for share in others.values())
+    assert len(others) == 5 and all(share >= 0 for share in others.values())
 
     [inner] = results["inner_loop"]
     assert len(inner["executor_rounds"]) == 1 and inner["executor_samples_per_s"] > 0
@@ -65,6 +66,10 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path: Path) -> None:
     for run in (fp32, bf16):
         assert math.isfinite(run["final_loss"])
         assert (tmp_path / f"demo-{run['dtype']}" / "summary.json").is_file()
+
+    delays = results["status_delay"]
+    assert [run["delay_ms"] for run in delays] == [0, 20, 100]
+    assert all(run["median_samples_per_s"] > 0 and run["overshoot"][0] >= 0 for run in delays)
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,14 +54,28 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
         self._socket_path = socket_path
 
     def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(str(self._socket_path))
-        except OSError:
-            sock.close()
-            raise
-        self.sock = sock
+        # A Unix socket whose listen backlog is full refuses at once with EAGAIN rather than
+        # queueing the caller, as TCP would: several statuses connecting at the same moment
+        # can meet that, so try again for a while.
+        deadline = time.monotonic() + (self.timeout or REQUEST_TIMEOUT_S)
+        pause = 0.001
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(self.timeout)
+            try:
+                sock.connect(str(self._socket_path))
+            except BlockingIOError:
+                sock.close()
+                if time.monotonic() + pause > deadline:
+                    raise TimeoutError("the bridge's connection backlog stayed full") from None
+                time.sleep(pause)
+                pause = min(2 * pause, 0.05)
+                continue
+            except OSError:
+                sock.close()
+                raise
+            self.sock = sock
+            return
 
 
 def idle_connection_is_spent(sock: socket.socket) -> bool:
@@ -96,9 +110,10 @@ class BridgeClient:
         body = {"resource": _wire(reference), "path": relative_path}
         self._post_json("/resources/send", body, REQUEST_TIMEOUT_S)
 
-    def status(self, progress: Any) -> dict[str, Any]:
-        """Sends a Progress message; returns the scheduler's answer."""
-        answer = self._post_json("/status/send", progress, REQUEST_TIMEOUT_S)
+    def status(self, progress: Any, on_sent: Callable[[], None] | None = None) -> dict[str, Any]:
+        """Sends a Progress message; returns the scheduler's answer. `on_sent` is called once
+        the request has gone out, before the answer is awaited."""
+        answer = self._post_json("/status/send", progress, REQUEST_TIMEOUT_S, on_sent)
         if not isinstance(answer, dict) or "type" not in answer:
             raise BridgeError(
                 "/status/send", 200, "bad_answer", f"not a scheduler answer: {answer!r}"
@@ -164,16 +179,20 @@ class BridgeClient:
             raise BridgeError("bridge", 200, "bad_answer", f"not a file entry: {entry!r}")
         return resolve_in_work_dir(self.work_dir, entry["path"]), int(entry.get("size", 0))
 
-    def _post_json(self, route: str, payload: Any, timeout: float) -> Any:
+    def _post_json(
+        self, route: str, payload: Any, timeout: float, on_sent: Callable[[], None] | None = None
+    ) -> Any:
         # allow_nan=False: the bridge refuses NaN/Infinity, better to fail here, clearly.
         body = json.dumps(payload, allow_nan=False).encode()
         with self._reaching(route, timeout):
-            status, data = self._round_trip(route, body, timeout)
+            status, data = self._round_trip(route, body, timeout, on_sent)
         if status != 200:
             self._raise_for(route, status, data)
         return json.loads(data) if data.strip() else None
 
-    def _round_trip(self, route: str, body: bytes, timeout: float) -> tuple[int, bytes]:
+    def _round_trip(
+        self, route: str, body: bytes, timeout: float, on_sent: Callable[[], None] | None = None
+    ) -> tuple[int, bytes]:
         """One request on a kept-alive connection: a `status` goes out after every batch,
         and a new connection each time costs the bridge more than answering it."""
         connection, reused = self._acquire(timeout)
@@ -191,6 +210,8 @@ class BridgeClient:
                 connection.close()
                 connection = _UnixHTTPConnection(self.socket_path, timeout)
                 connection.request("POST", route, body=body, headers=headers)
+            if on_sent is not None:
+                on_sent()
             response = connection.getresponse()
             data = response.read()
         except BaseException:

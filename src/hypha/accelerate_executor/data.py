@@ -1,10 +1,16 @@
-"""Data slices (safetensors files from the bridge) to batches.
+"""Data slices (safetensors files from the bridge) to the worker's batches.
+
+The worker's batch is `batch_size` samples, whatever the slices hold: batches run across
+slice boundaries, every sample of a slice is trained once, in order, before the next
+slice's. With N processes each rank takes its share of every batch (the remainder spread
+over the first ranks), so the worker trains exactly `batch_size` samples per step.
 
 A slice file is read with one read into one buffer (mapped instead, when it is large) and
-its tensors are views of that buffer; a batch is a set of views cut from those along the
-sample dimension, all of a tensor's batches in one call: batches copy nothing, and there is
-no per-sample Python work. Rank 0 fetches; every rank reads the file and takes its own
-interleaved batches, so all ranks run out of a slice at the same step.
+its tensors are views of that buffer; a rank's share is a view of one slice, or a copy
+joining the pieces where it crosses a boundary. Rank 0 fetches, one slice ahead, and moves
+each fetched file to a name of the executor's own at once: the worker's bridge rewrites
+`artifacts/<index>` in place when it hands the same index out again, which would change a
+file under a live mapping (SIGBUS). Every rank reads the moved file.
 """
 
 from __future__ import annotations
@@ -12,17 +18,17 @@ from __future__ import annotations
 import itertools
 import mmap
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from hypha.accelerate_executor.bridge import BridgeClient
 from hypha.accelerate_executor.distributed import Ranks
 from hypha.accelerate_executor.errors import ExecutorError
-from hypha.accelerate_executor.job import DataReference, TrainConfig
+from hypha.accelerate_executor.job import DataReference
 from hypha.accelerate_executor.tensorfile import TensorEntry, read_layout
 
 Batch = dict[str, torch.Tensor]
@@ -31,23 +37,43 @@ Batch = dict[str, torch.Tensor]
 # 4 MiB (2-core x86 Linux, read then summed: 64 KiB 7 us vs 16 us mapped; 1 MiB 55 vs 73 us;
 # 4 MiB 175 vs 63 us).
 READ_WHOLE_BYTES = 1 << 20
+# Where fetched slices are moved to, under the work dir: names only the executor uses.
+OWN_SLICES_DIR = "slices"
+# Padding where token rows of different lengths meet in one batch: `labels` are ignored
+# at -100 (transformers' convention), everything else pads with 0 (attention_mask 0).
+PAD_VALUES = {"labels": -100}
 
 
 class DataError(ExecutorError):
     """A data slice does not hold what the job says it holds."""
 
 
-def load_slice(path: Path, names: list[str] | None) -> Batch:
-    """The named tensors of a slice file (all of them for names=None), views of one buffer.
-    A file that is not a safetensors file raises TensorFileError, an ExecutorError."""
+@dataclass(frozen=True)
+class Share:
+    """One rank's part of every worker batch: samples [start, start + size)."""
+
+    start: int
+    size: int
+
+    @classmethod
+    def of(cls, batch_size: int, rank: int, world: int) -> Share:
+        base, extra = divmod(batch_size, world)
+        return cls(rank * base + min(rank, extra), base + (rank < extra))
+
+
+def load_slice(path: Path, required: list[str] | None, optional: tuple[str, ...] = ()) -> Batch:
+    """The `required` tensors of a slice file (all of them for None) and those of `optional`
+    it holds, as views of one buffer. A file that is not a safetensors file raises
+    TensorFileError, an ExecutorError."""
     entries, contents = _read_slice(path)
-    names = sorted(entries) if names is None else names
+    names = sorted(entries) if required is None else list(required)
     missing = [name for name in names if name not in entries]
     if missing:
         raise DataError(
             f"data slice {path.name} lacks tensor(s) {', '.join(missing)}; "
             f"it holds {', '.join(sorted(entries)) or 'nothing'}"
         )
+    names += [name for name in optional if name in entries and name not in names]
     scalars = [name for name in names if not entries[name].shape]
     if scalars:
         raise DataError(
@@ -59,14 +85,54 @@ def load_slice(path: Path, names: list[str] | None) -> Batch:
     return {name: _view(contents, entries[name]) for name in names}
 
 
-def batches_of(tensors: Batch, batch_size: int, rank: int, world: int) -> Iterator[Batch]:
-    """Rank `rank`'s full batches of one slice; the remainder that fills no batch is dropped."""
-    samples = next(iter(tensors.values())).shape[0]
-    count = samples // (batch_size * world)
-    parts = [_rank_batches(tensor, batch_size, rank, world, count) for tensor in tensors.values()]
-    names = list(tensors)
-    for views in zip(*parts, strict=True):
-        yield dict(zip(names, views, strict=True))
+def worker_batches(slices: Iterator[Batch], batch_size: int, share: Share) -> Iterator[Batch]:
+    """This rank's share of each worker batch of `batch_size` samples, cut from the slices
+    in order and across their boundaries. A share within one slice is a view of it."""
+    pieces: list[Batch] = []
+    filled = 0  # samples of the current worker batch taken so far
+    for tensors in slices:
+        samples = next(iter(tensors.values())).shape[0]
+        cursor = 0
+        while cursor < samples:
+            take = min(batch_size - filled, samples - cursor)
+            low = max(filled, share.start)
+            high = min(filled + take, share.start + share.size)
+            if low < high:
+                begin, end = cursor + low - filled, cursor + high - filled
+                pieces.append({name: tensor[begin:end] for name, tensor in tensors.items()})
+            filled += take
+            cursor += take
+            if filled == batch_size:
+                yield pieces[0] if len(pieces) == 1 else join(pieces)
+                pieces, filled = [], 0
+
+
+def join(pieces: list[Batch]) -> Batch:
+    """Pieces of one batch from different slices, concatenated along the sample dimension.
+    Token rows of different lengths are padded to the longest (see PAD_VALUES)."""
+    names = pieces[0].keys()
+    if any(piece.keys() != names for piece in pieces):
+        raise DataError("consecutive data slices hold different tensors")
+    return {name: _concatenate(name, [piece[name] for piece in pieces]) for name in names}
+
+
+def _concatenate(name: str, parts: list[torch.Tensor]) -> torch.Tensor:
+    if len({part.shape[1:] for part in parts}) == 1:
+        return torch.cat(parts)
+    if parts[0].is_floating_point() or len({part.dim() for part in parts}) != 1:
+        raise DataError(
+            f"tensor {name} has per-sample shapes {sorted({tuple(p.shape[1:]) for p in parts})} "
+            "in consecutive slices; only token rows may differ in length"
+        )
+    trailing = [max(sizes) for sizes in zip(*(part.shape[1:] for part in parts), strict=True)]
+    out = parts[0].new_full(
+        (sum(part.shape[0] for part in parts), *trailing), PAD_VALUES.get(name, 0)
+    )
+    row = 0
+    for part in parts:
+        out[(slice(row, row + part.shape[0]), *map(slice, part.shape[1:]))] = part
+        row += part.shape[0]
+    return out
 
 
 def _read_slice(path: Path) -> tuple[dict[str, TensorEntry], bytearray | mmap.mmap]:
@@ -98,112 +164,85 @@ def _view(contents: bytearray | mmap.mmap, entry: TensorEntry) -> torch.Tensor:
     return tensor.view(entry.shape) if aligned else tensor.view(entry.shape).clone()
 
 
-def _rank_batches(
-    tensor: torch.Tensor, batch_size: int, rank: int, world: int, count: int
-) -> tuple[torch.Tensor, ...]:
-    """The rank's `count` batches of one tensor: its batch i holds samples from
-    (i * world + rank) * batch_size on. One strided view unbound into batch views, so the
-    cost grows with this rank's batches only, in a single call each."""
-    step, *rest = tensor.stride()
-    return tensor.as_strided(
-        (count, batch_size, *tensor.shape[1:]),
-        (world * batch_size * step, step, *rest),
-        tensor.storage_offset() + rank * batch_size * step,
-    ).unbind(0)
-
-
 class SliceStream:
-    """Endless batches: scheduler slices are fetched one ahead in the background;
-    uri/huggingface data is fetched once and cycled."""
+    """Endless batches of this rank's share: scheduler slices are fetched one ahead in the
+    background, each read once; uri/huggingface data is fetched once and cycled."""
 
     def __init__(
         self,
         bridge: BridgeClient | None,
+        work_dir: Path,
         reference: DataReference,
-        names: list[str] | None,
+        names: tuple[list[str], tuple[str, ...]],
         batch_size: int,
         ranks: Ranks,
     ) -> None:
+        """`names`: the tensors a slice must hold, and those taken when it holds them."""
+        if batch_size < ranks.count:
+            raise DataError(
+                f"batch_size {batch_size} is smaller than the {ranks.count} processes sharing it"
+            )
         self._bridge = bridge
+        self._own_dir = work_dir / OWN_SLICES_DIR
         self._reference = reference
-        self._names = names
+        self._required, self._optional = names
         self._batch_size = batch_size
+        self._share = Share.of(batch_size, ranks.index, ranks.count)
         self._ranks = ranks
         self._fetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hypha-fetch")
-        self._next: Future[list[Path]] | None = None
+        self._next: Future[Path] | None = None
+        self._fetched = itertools.count()
         self._static_files: Iterator[Path] | None = None
         self._previous: Path | None = None
 
+    @property
+    def share(self) -> Share:
+        return self._share
+
     def __iter__(self) -> Iterator[Batch]:
-        while True:
-            path = Path(self._ranks.share(self._next_path() if self._ranks.is_main else ""))
-            tensors = load_slice(path, self._names)
-            self._forget_previous(path)
-            yielded = False
-            for batch in batches_of(
-                tensors, self._batch_size, self._ranks.index, self._ranks.count
-            ):
-                yielded = True
-                yield batch
-            if not yielded:
-                raise DataError(
-                    f"data slice {path.name} holds fewer samples than one batch "
-                    f"({self._batch_size} x {self._ranks.count} processes)"
-                )
+        return worker_batches(self._slices(), self._batch_size, self._share)
 
     def close(self) -> None:
         self._fetcher.shutdown(wait=False, cancel_futures=True)
 
-    def _fetch(self) -> list[Path]:
+    def _slices(self) -> Iterator[Batch]:
+        while True:
+            path = Path(self._ranks.share(str(self._next_path()) if self._ranks.is_main else ""))
+            tensors = load_slice(path, self._required, self._optional)
+            self._forget_previous(path)
+            yield tensors
+
+    def _next_path(self) -> Path:
+        if self._reference.type != "scheduler":
+            if self._static_files is None:
+                self._static_files = itertools.cycle(self._fetch_files())
+            return next(self._static_files)
+        pending = self._next or self._fetcher.submit(self._fetch_slice)
+        self._next = self._fetcher.submit(self._fetch_slice)
+        return pending.result()
+
+    def _fetch_files(self) -> list[Path]:
         assert self._bridge is not None
         return [entry.path for entry in self._bridge.fetch(self._reference)]
 
-    def _next_path(self) -> str:
-        if self._reference.type != "scheduler":
-            if self._static_files is None:
-                self._static_files = itertools.cycle(self._fetch())
-            return str(next(self._static_files))
-        pending = self._next or self._fetcher.submit(self._fetch)
-        self._next = self._fetcher.submit(self._fetch)
-        files = pending.result()
+    def _fetch_slice(self) -> Path:
+        """Fetches the next slice and moves it to a name of our own before anything else
+        reaches the bridge: the next fetch may rewrite the bridge's file in place."""
+        files = self._fetch_files()
         if len(files) != 1:
             raise DataError(f"the bridge answered a data fetch with {len(files)} files, expected 1")
-        return str(files[0])
+        own = self._own_dir / f"{next(self._fetched)}-{files[0].name}"
+        try:
+            self._own_dir.mkdir(exist_ok=True)
+            os.replace(files[0], own)
+        except OSError as exc:
+            raise DataError(f"data slice {files[0].name} cannot be moved: {exc.strerror}") from None
+        return own
 
     def _forget_previous(self, current: Path) -> None:
         # Scheduler slices are read once: delete the last one so a long job's work dir stays
-        # small. Other ranks loaded it a whole slice ago.
+        # small. Every rank loaded it a whole slice ago (the paths travel by collectives).
         if self._ranks.is_main and self._reference.type == "scheduler":
-            if self._previous is not None and self._previous != current:
+            if self._previous is not None:
                 self._previous.unlink(missing_ok=True)
             self._previous = current
-
-
-def preprocessing(config: TrainConfig, processor: Any) -> Callable[[Batch], Batch]:
-    """Turns a batch's raw inputs into model inputs with the job's preprocessor; its outputs
-    are merged with the slice's other tensors and the model gets its `input-names` (plus an
-    attention mask, when the preprocessor makes one).
-
-    Text travels in a slice as UTF-8 bytes, one zero-padded uint8 row per sample; other
-    inputs (images, audio, video) go to the processor as tensors.
-    """
-    assert config.preprocessor is not None
-    spec = config.preprocessor
-    wanted = {*config.model.input_names, "attention_mask"}
-
-    def apply(batch: Batch) -> Batch:
-        raw = [batch[name] for name in spec.input_names]
-        if spec.task == "tokenizer":
-            texts = [bytes(row.tolist()).rstrip(b"\0").decode("utf-8", "replace") for row in raw[0]]
-            encoded = processor(texts, padding=True, truncation=True, return_tensors="pt")
-        else:
-            encoded = processor(*raw, return_tensors="pt")
-        merged = {**batch, **dict(encoded.items())}
-        if config.model.task == "causal-lm" and "labels" not in merged and "input_ids" in merged:
-            labels = merged["input_ids"].clone()
-            if "attention_mask" in merged:
-                labels[merged["attention_mask"] == 0] = -100  # padding teaches nothing
-            merged["labels"] = labels
-        return {name: tensor for name, tensor in merged.items() if name in wanted}
-
-    return apply

@@ -64,6 +64,14 @@ class Ranks:
         dist.broadcast_object_list(box, src=0, group=self._group)
         return box[0]
 
+    def all(self, flag: bool) -> bool:
+        """True on every rank when `flag` is True on every rank."""
+        if self.count == 1:
+            return flag
+        value = torch.tensor(int(flag))
+        dist.all_reduce(value, op=dist.ReduceOp.MIN, group=self._group)
+        return bool(value.item())
+
     def barrier(self) -> None:
         if self.count > 1:
             dist.barrier(group=self._group)

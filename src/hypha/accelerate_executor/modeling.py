@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -78,8 +79,25 @@ def trust_remote_code() -> bool:
     return os.environ.get("HYPHA_TRUST_REMOTE_CODE", "") in ("1", "true", "yes")
 
 
+class RemoteCodeRefused(JobSpecError):
+    """The model or preprocessor ships Python code and the operator has not allowed it."""
+
+
+def _refuse_untrusted_code(folder: Path, config_file: str, what: str) -> None:
+    try:
+        ships_code = "auto_map" in json.loads((folder / config_file).read_text())
+    except (OSError, ValueError, TypeError):
+        return  # transformers will say what is wrong with the file
+    if ships_code and not trust_remote_code():
+        raise RemoteCodeRefused(
+            f"the {what} ships its own Python code ({config_file} has an auto_map); "
+            "set HYPHA_TRUST_REMOTE_CODE=1 to allow it"
+        )
+
+
 def load_model(task: str, folder: Path) -> torch.nn.Module:
     cls = _transformers_class(AUTO_MODEL_CLASSES[task], f"model task {task!r}")
+    _refuse_untrusted_code(folder, "config.json", "model")
     transformers.utils.logging.disable_progress_bar()  # a bar per load is noise in a worker's log
     model: torch.nn.Module = cls.from_pretrained(
         folder, trust_remote_code=trust_remote_code(), dtype=torch.float32
@@ -89,4 +107,6 @@ def load_model(task: str, folder: Path) -> torch.nn.Module:
 
 def load_preprocessor(task: str, folder: Path) -> Any:
     cls = _transformers_class(_PREPROCESSOR_CLASSES[task], f"preprocessor task {task!r}")
+    for config_file in ("preprocessor_config.json", "tokenizer_config.json"):
+        _refuse_untrusted_code(folder, config_file, "preprocessor")
     return cls.from_pretrained(folder, trust_remote_code=trust_remote_code())

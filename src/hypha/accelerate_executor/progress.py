@@ -1,15 +1,19 @@
 """Talking to the scheduler without stalling the training step (rank 0 only).
 
-StatusReporter sends the per-batch `status` messages from a background thread; the
-step loop picks up the answers whenever they have arrived, so an answer may be seen a
-step late. UpdateInbox holds the job's one receive stream open from start to end and
-queues the files the parameter server pushes.
+StatusReporter sends one `status` per trained batch, carrying that batch's samples, as soon
+as the batch is done. The real scheduler takes the time between two statuses as the time of
+one batch, and a Hypha worker forwards each status over the network (20-100 ms for an
+answer): so statuses go out concurrently, on a few kept-alive connections, never queued
+behind each other's answers, and the step loop picks up whichever answers have arrived
+without waiting. UpdateInbox holds the job's one receive stream open from start to end
+and queues the files the parameter server pushes.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,31 +22,38 @@ from hypha.accelerate_executor.errors import BridgeGoneError, ExecutorError, Sch
 from hypha.accelerate_executor.job import PeersReference
 
 Answer = dict[str, Any]
+# Statuses in flight at once: enough for a 100 ms answer behind steps of 15 ms.
+STATUS_SENDERS = 8
 
 
 @dataclass(frozen=True)
 class StatusAnswer:
     answer: Answer
-    batches_reported: int  # batches trained when the status it answers was sent
+    batch: int  # the job-wide number of the batch whose status it answers
+    # The highest batch answered when this answer came, itself included: concurrent statuses
+    # may reach the scheduler out of order, and it answers each counting all it has seen.
+    seen: int
 
 
 class StatusReporter:
     def __init__(self, bridge: BridgeClient) -> None:
         self._bridge = bridge
-        self._lock = threading.Condition()
-        self._unreported_samples = 0
-        self._batches = 0
-        self._in_flight = False
+        self._senders = ThreadPoolExecutor(STATUS_SENDERS, thread_name_prefix="hypha-status")
+        self._lock = threading.Lock()
+        self._in_flight: set[Future[None]] = set()
         self._answers: list[StatusAnswer] = []
         self._failure: ExecutorError | None = None
-        self._closed = False
-        threading.Thread(target=self._send_loop, name="hypha-status", daemon=True).start()
+        self._seen = 0
+        self._turn = threading.Condition()
+        self._next_to_send = 1  # the batch whose request goes out next
 
-    def batch_done(self, samples: int) -> None:
+    def batch_done(self, batch: int, samples: int) -> None:
+        """Sends the status of batch number `batch` (1, 2, 3, ... over the job) in the
+        background."""
+        future = self._senders.submit(self._send, batch, samples)
         with self._lock:
-            self._unreported_samples += samples
-            self._batches += 1
-            self._lock.notify_all()
+            self._in_flight.add(future)
+        future.add_done_callback(self._forget)
 
     def answers(self) -> list[StatusAnswer]:
         """The answers that arrived since the last call, without waiting."""
@@ -50,48 +61,58 @@ class StatusReporter:
             return self._take_answers()
 
     def flush(self) -> list[StatusAnswer]:
-        """Waits until every batch is reported and answered; returns the answers."""
+        """Waits until every status sent is answered; returns the answers."""
         with self._lock:
-            self._lock.wait_for(
-                lambda: (
-                    self._failure is not None
-                    or (not self._in_flight and self._unreported_samples == 0)
-                )
-            )
+            in_flight = list(self._in_flight)
+        wait(in_flight)
+        with self._lock:
             return self._take_answers()
 
     def close(self) -> None:
+        self._senders.shutdown(wait=False, cancel_futures=True)
+
+    def _send(self, batch: int, samples: int) -> None:
+        """Runs on a sender thread. Requests go out in batch order, each once the previous
+        one is written, so the scheduler counts them as they were trained; the answers
+        come back in any order."""
+        with self._turn:
+            self._turn.wait_for(lambda: self._next_to_send == batch)
+        sent = False
+
+        def pass_turn() -> None:
+            nonlocal sent
+            if not sent:
+                sent = True
+                with self._turn:
+                    self._next_to_send += 1
+                    self._turn.notify_all()
+
+        try:
+            answer = self._bridge.status({"status": {"batch_size": samples}}, on_sent=pass_turn)
+        except Exception as exc:  # on a thread: whatever it is, the step loop must learn of it
+            failure = (
+                exc
+                if isinstance(exc, ExecutorError)
+                else BridgeGoneError(f"sending a status failed: {type(exc).__name__}: {exc}")
+            )
+            with self._lock:
+                self._failure = self._failure or failure
+            return
+        finally:
+            pass_turn()
         with self._lock:
-            self._closed = True
-            self._lock.notify_all()
+            self._seen = max(self._seen, batch)
+            self._answers.append(StatusAnswer(answer, batch, self._seen))
+
+    def _forget(self, future: Future[None]) -> None:
+        with self._lock:
+            self._in_flight.discard(future)
 
     def _take_answers(self) -> list[StatusAnswer]:
         if self._failure is not None:
             raise self._failure
         answers, self._answers = self._answers, []
-        return answers
-
-    def _send_loop(self) -> None:
-        while True:
-            with self._lock:
-                self._lock.wait_for(lambda: self._closed or self._unreported_samples > 0)
-                if self._closed:
-                    return
-                # When the bridge is slower than a step, pending batches go out as one message.
-                samples, self._unreported_samples = self._unreported_samples, 0
-                batches = self._batches
-                self._in_flight = True
-            try:
-                answer = self._bridge.status({"status": {"batch_size": samples}})
-            except ExecutorError as exc:
-                with self._lock:
-                    self._failure, self._in_flight = exc, False
-                    self._lock.notify_all()
-                return
-            with self._lock:
-                self._answers.append(StatusAnswer(answer, batches))
-                self._in_flight = False
-                self._lock.notify_all()
+        return answers  # in the order they came
 
 
 def expect(answer: Answer, *allowed: str, sent: str) -> str:

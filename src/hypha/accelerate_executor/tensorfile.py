@@ -20,18 +20,27 @@ import torch
 
 from hypha.accelerate_executor.errors import ExecutorError
 
-DTYPE_CODES = {
-    torch.float64: "F64",
-    torch.float32: "F32",
-    torch.float16: "F16",
-    torch.bfloat16: "BF16",
-    torch.int64: "I64",
-    torch.int32: "I32",
-    torch.int16: "I16",
-    torch.int8: "I8",
-    torch.uint8: "U8",
-    torch.bool: "BOOL",
+_CODES = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U64": "uint64",
+    "U32": "uint32",
+    "U16": "uint16",
+    "U8": "uint8",
+    "BOOL": "bool",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "F8_E8M0": "float8_e8m0fnu",
+    "C64": "complex64",
 }
+# Every safetensors dtype that this torch has (older releases lack the unsigned and fp8 ones).
+DTYPE_CODES = {getattr(torch, name): code for code, name in _CODES.items() if hasattr(torch, name)}
 DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
 # A header this large would be a corrupt length field, not a model's worth of names.
 MAX_HEADER_BYTES = 100 << 20

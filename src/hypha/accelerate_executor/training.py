@@ -19,17 +19,25 @@ import time
 import traceback
 import warnings
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from hypha.accelerate_executor.errors import ExecutorError, JobSpecError
-from hypha.accelerate_executor.job import Job, LrScheduler, parse_job
+from hypha.accelerate_executor.job import Job, parse_job
 
 if TYPE_CHECKING:
     import torch
+    from accelerate import Accelerator
 
-    from hypha.accelerate_executor.progress import StatusAnswer
+    from hypha.accelerate_executor.bridge import BridgeClient
+    from hypha.accelerate_executor.data import Batch, SliceStream
+    from hypha.accelerate_executor.distributed import Ranks
+    from hypha.accelerate_executor.inputs import ModelInputs
+    from hypha.accelerate_executor.progress import StatusAnswer, StatusReporter
+    from hypha.accelerate_executor.steps import MicroBatchedStep
+    from hypha.accelerate_executor.sync import Synchroniser
 
 PSEUDO_GRADIENT_DTYPES = ("float32", "bfloat16")
 
@@ -44,6 +52,22 @@ def say(message: str) -> None:
     print(message, flush=True)
 
 
+class Verdict(Enum):
+    TRAIN = "train"  # no ScheduleUpdate yet this round: train on
+    SYNCHRONISE = "synchronise"  # train up to `last_batch`, then synchronise
+    DONE = "done"  # the scheduler ended the job
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: Verdict
+    last_batch: int | None = None  # SYNCHRONISE: the job-wide batch number to stop after
+
+
+TRAIN_ON = Decision(Verdict.TRAIN)
+JOB_DONE = Decision(Verdict.DONE)
+
+
 @dataclass
 class RoundStats:
     batches: int = 0
@@ -51,26 +75,52 @@ class RoundStats:
     tokens: int = 0
     seconds: float = 0.0
     loss: float = math.nan
+    overshoot: int = 0  # batches trained past what ScheduleUpdate asked for (a late answer)
 
 
 class Trainer:
+    job: Job
+    accelerator: Accelerator
+    ranks: Ranks
+    bridge: BridgeClient | None  # rank 0 only
+    parameter_count: int
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    lr_schedule: Any
+    inputs: ModelInputs
+    data: SliceStream
+    batches: Any  # iterator over this rank's shares of the worker's batches
+    step: MicroBatchedStep
+    synchroniser: Synchroniser
+    reporter: StatusReporter | None  # rank 0 only
+    batches_trained: int  # over the whole job; a status's batch number
+    carried: Batch | None  # taken for a step that the round's end came before
+
     def __init__(
-        self, job: Job, socket_path: Path, work_dir: Path, pseudo_gradient_dtype: str
+        self,
+        job: Job,
+        socket_path: Path,
+        work_dir: Path,
+        pseudo_gradient_dtype: str,
+        micro_batch_size: int | None = None,
     ) -> None:
         # Heavy imports here, once the job spec is known to be good.
         import torch
         from accelerate import Accelerator
 
         from hypha.accelerate_executor.bridge import BridgeClient
-        from hypha.accelerate_executor.data import SliceStream, preprocessing
+        from hypha.accelerate_executor.data import SliceStream
         from hypha.accelerate_executor.distributed import (
             ModelWeights,
             Ranks,
             canonical_names,
             process_group_settings,
         )
+        from hypha.accelerate_executor.inputs import ModelInputs, slice_names
         from hypha.accelerate_executor.modeling import load_model, load_preprocessor
+        from hypha.accelerate_executor.optimization import adamw_arguments, build_lr_schedule
         from hypha.accelerate_executor.progress import StatusReporter
+        from hypha.accelerate_executor.steps import MicroBatchedStep
         from hypha.accelerate_executor.sync import Synchroniser
 
         self.job = job
@@ -92,22 +142,32 @@ class Trainer:
         self.parameter_count = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
         optimizer = torch.optim.AdamW(model.parameters(), **adamw_arguments(job))
         self.lr_schedule = build_lr_schedule(optimizer, config.scheduler)
+
+        processor = None
+        if config.preprocessor is not None:
+            processor = load_preprocessor(config.preprocessor.task, artifacts)
+        self.inputs = ModelInputs(config, processor)
+        self.data = SliceStream(
+            self.bridge, work_dir, config.data, slice_names(config), config.batch_size, self.ranks
+        )
+        self.batches = iter(self.data)
         deepspeed = self.accelerator.state.deepspeed_plugin
         if deepspeed is not None:
             # accelerate takes DeepSpeed's micro batch from a dataloader, and there is none.
-            deepspeed.deepspeed_config["train_micro_batch_size_per_gpu"] = config.batch_size
+            share = micro_batch_size or self.data.share.size
+            deepspeed.deepspeed_config["train_micro_batch_size_per_gpu"] = share
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.model.train()
-
-        self.prepare_batch = None
-        if config.preprocessor is not None:
-            processor = load_preprocessor(config.preprocessor.task, artifacts)
-            self.prepare_batch = preprocessing(config, processor)
-        slice_names = None if config.preprocessor else list(config.model.input_names)
-        self.data = SliceStream(
-            self.bridge, config.data, slice_names, config.batch_size, self.ranks
+        self.step = MicroBatchedStep(
+            self.accelerator,
+            self.model,
+            self.optimizer,
+            self.ranks,
+            config.batch_size,
+            config.model.input_names,
+            micro_batch_size,
+            self.say,
         )
-        self.batches = iter(self.data)
 
         # The one receive stream opens here, before anything is sent, and stays open.
         self.synchroniser = Synchroniser(
@@ -118,13 +178,14 @@ class Trainer:
             getattr(torch, pseudo_gradient_dtype),
         )
         self.reporter = StatusReporter(self.bridge) if self.bridge else None
-        self.batches_trained = 0  # over the whole job, as the reporter counts them
+        self.batches_trained = 0
+        self.carried = None
 
     def run(self) -> None:
         config = self.job.config
         self.say(
             f"job {self.job.job_id}: {config.model.task}, {self.parameter_count / 1e6:.2f}M parameters, "
-            f"batch {config.batch_size} x {self.ranks.count} process(es) on {self.accelerator.device}, "
+            f"batch {config.batch_size} over {self.ranks.count} process(es) on {self.accelerator.device}, "
             f"distributed type {self.accelerator.distributed_type.value}, "
             f"mixed precision {self.accelerator.mixed_precision}"
         )
@@ -136,13 +197,10 @@ class Trainer:
         try:
             for round_number in range(1, sys.maxsize):
                 stats = self.inner_steps()
-                if (
-                    stats is None
-                    or self.ranks.share(self.report_round(round_number, stats)) == "done"
-                ):
+                if stats is None or self.ranks.share(self.report_round(round_number, stats)):
                     self.say(f"round {round_number}: the scheduler ended the job")
                     break
-                if self.synchronise(round_number, stats) == "Done":
+                if self.synchronise(round_number, stats) is Verdict.DONE:
                     self.say(f"round {round_number}: done")
                     break
             self.ranks.finish()
@@ -152,67 +210,66 @@ class Trainer:
                 self.reporter.close()
 
     def inner_steps(self) -> RoundStats | None:
-        """Trains until the scheduler's ScheduleUpdate counter runs out; None if it said Done."""
+        """Trains until the batch ScheduleUpdate names; None if the scheduler said Done.
+
+        The next batch is made ready before the answers are looked at (without waiting),
+        which gives the last status's answer that long to arrive; a batch taken for a step
+        that does not happen is the next round's first."""
         import torch
 
+        config = self.job.config
         stats = RoundStats()
-        samples_per_step = self.job.config.batch_size * self.ranks.count
+        decision = TRAIN_ON
         loss_sum = torch.zeros((), device=self.accelerator.device)
         started = time.perf_counter()
-        remaining: int | None = None  # batches still to train once ScheduleUpdate has come
-        while remaining != 0:
-            batch = next(self.batches)
-            if self.prepare_batch is not None:
-                batch = self.prepare_batch(batch)
-            batch = {
-                name: tensor.to(self.accelerator.device, non_blocking=True)
-                for name, tensor in batch.items()
-            }
-            with self.accelerator.autocast():
-                loss = self.model(**batch).loss
-            self.accelerator.backward(loss)
-            self.optimizer.step()
-            self.lr_schedule.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            loss_sum += loss.detach()  # stays on the device: no host sync per step
-            stats.batches += 1
-            self.batches_trained += 1
-            stats.samples += samples_per_step
-            if "input_ids" in batch:
-                stats.tokens += batch["input_ids"].numel() * self.ranks.count
-            if self.reporter is not None:
-                self.reporter.batch_done(samples_per_step)
-            if remaining is not None:
-                remaining -= 1
-                continue
-            # The answer to this step's status may arrive a step late: fine, it is used then.
+        while True:
+            batch = self.carried if self.carried is not None else self.next_batch()
+            self.carried = None
             decision = self.ranks.share(
-                scheduler_decision(self.reporter.answers(), self.batches_trained)
-                if self.reporter
-                else None
+                scheduler_decision(self.reporter.answers(), decision) if self.reporter else decision
             )
-            if decision == "done":
+            if decision.verdict is Verdict.DONE:
                 return None
-            remaining = decision if isinstance(decision, int) else None
+            if decision.last_batch is not None and self.batches_trained >= decision.last_batch:
+                self.carried = batch
+                break
+            loss_sum += self.step(batch)
+            self.lr_schedule.step()
+            self.batches_trained += 1
+            if self.reporter is not None:
+                self.reporter.batch_done(self.batches_trained, config.batch_size)
+            stats.batches += 1
+            if "input_ids" in batch:
+                stats.tokens += batch["input_ids"].shape[-1] * config.batch_size
         stats.seconds = time.perf_counter() - started
-        if self.ranks.count > 1:  # once a round: the mean over every rank's batches
-            loss_sum = self.accelerator.reduce(loss_sum, reduction="mean")
-        stats.loss = float(loss_sum.item()) / stats.batches
+        stats.samples = stats.batches * config.batch_size
+        stats.overshoot = self.batches_trained - (decision.last_batch or 0)
+        if self.ranks.count > 1:  # once a round: each rank holds its share of every mean
+            loss_sum = self.accelerator.reduce(loss_sum, reduction="sum")
+        stats.loss = float(loss_sum.item()) / max(stats.batches, 1)
         return stats
 
-    def report_round(self, round_number: int, stats: RoundStats) -> str | None:
+    def next_batch(self) -> Batch:
+        batch = self.inputs(next(self.batches))
+        return {
+            name: tensor.to(self.accelerator.device, non_blocking=True)
+            for name, tensor in batch.items()
+        }
+
+    def report_round(self, round_number: int, stats: RoundStats) -> bool:
         """Rank 0: waits for every status answer (none may be pending at `update`), then
-        sends the round's metrics. Returns `done` if the scheduler ended the job meanwhile."""
+        sends the round's metrics. True if the scheduler ended the job meanwhile."""
         from hypha.accelerate_executor.progress import expect
 
         if self.reporter is None or self.bridge is None:
-            return None
-        if scheduler_decision(self.reporter.flush(), self.batches_trained) == "done":
-            return "done"
+            return False
+        if scheduler_decision(self.reporter.flush(), TRAIN_ON) == JOB_DONE:
+            return True
         metrics = {
             "samples_per_second": stats.samples / stats.seconds,
             "learning_rate": float(self.lr_schedule.get_last_lr()[0]),
             "batches": float(stats.batches),
+            "overshoot_batches": float(stats.overshoot),
         }
         if stats.tokens:
             metrics["tokens_per_second"] = stats.tokens / stats.seconds
@@ -222,75 +279,60 @@ class Trainer:
             self.say(f"warning: the round's loss is {stats.loss}; it is left out of the metrics")
         answer = self.bridge.status({"metrics": {"round": round_number, "metrics": metrics}})
         expect(answer, "Ok", sent="metrics")
-        return None
+        return False
 
-    def synchronise(self, round_number: int, stats: RoundStats) -> str:
-        """The DiLoCo outer step; returns the scheduler's Continue or Done on every rank."""
+    def synchronise(self, round_number: int, stats: RoundStats) -> Verdict:
+        """The DiLoCo outer step; returns the scheduler's verdict on every rank."""
         outcome = self.synchroniser.run(round_number)
         if outcome.answer is not None:
             self.say(
-                f"round {round_number}: loss {stats.loss:.4f} | {stats.batches} batches | "
-                f"{stats.samples / stats.seconds:.1f} samples/s | sync {outcome.overhead_s:.3f} s "
+                f"round {round_number}: loss {stats.loss:.4f} | {stats.batches} batches, "
+                f"{stats.overshoot} past ScheduleUpdate | {stats.samples / stats.seconds:.1f} "
+                f"samples/s | sync {outcome.overhead_s:.3f} s "
                 f"({outcome.bytes_out / 1e6:.1f} MB out) + {outcome.seconds['wait']:.2f} s "
                 "waiting for the update"
             )
-        return str(self.ranks.share(outcome.answer))
+        verdict = None if outcome.answer is None else _SYNC_VERDICTS[outcome.answer]
+        return self.ranks.share(verdict) or Verdict.TRAIN
 
     def say(self, message: str) -> None:
         if self.ranks.is_main:
             say(message)
 
 
-def scheduler_decision(answers: list[StatusAnswer], batches_trained: int) -> int | str | None:
-    """From the status answers that came in: `done`, the number of batches still to train
-    for a ScheduleUpdate, or None.
+_SYNC_VERDICTS = {"Continue": Verdict.TRAIN, "Done": Verdict.DONE}
 
-    The counter counts from the status it answers, and answers arrive while later steps
-    already run: those steps are part of the k batches.
+
+def scheduler_decision(answers: list[StatusAnswer], current: Decision) -> Decision:
+    """The round's decision once the status answers that came in are taken into account.
+
+    ScheduleUpdate{counter} means: train `counter` more batches after those the scheduler
+    has counted, then synchronise. It counted the batch the answer is for and, where statuses
+    overtook each other on the way, the later ones answered before it. Batches trained while
+    the answer travelled count among the `counter`.
     """
     from hypha.accelerate_executor.progress import expect
 
-    decision: int | str | None = None
     for status in answers:
         kind = expect(status.answer, "Continue", "ScheduleUpdate", "Done", sent="status")
         if kind == "Done":
-            return "done"
-        if kind == "ScheduleUpdate" and decision is None:
-            already_trained = batches_trained - status.batches_reported
-            decision = max(0, int(status.answer.get("counter", 0)) - already_trained)
-    return decision
+            return JOB_DONE
+        if kind == "ScheduleUpdate" and current.verdict is Verdict.TRAIN:
+            counter = max(0, int(status.answer.get("counter", 0)))
+            current = Decision(Verdict.SYNCHRONISE, status.seen + counter)
+    return current
 
 
-def adamw_arguments(job: Job) -> dict[str, Any]:
-    """The job's optimizer as AdamW arguments; null fields keep torch's defaults."""
-    spec = job.config.optimizer
-    arguments: dict[str, Any] = {"lr": float(spec.learning_rate)}
-    if spec.betas is not None:
-        arguments["betas"] = (float(spec.betas[0]), float(spec.betas[1]))
-    if spec.epsilon is not None:
-        arguments["eps"] = float(spec.epsilon)
-    return arguments
-
-
-def build_lr_schedule(optimizer: torch.optim.Optimizer, spec: LrScheduler | None) -> Any:
-    import torch
-    from transformers import (
-        get_cosine_schedule_with_warmup,
-        get_linear_schedule_with_warmup,
-        get_wsd_schedule,
-    )
-
-    if spec is None:
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-    if spec.type == "cosine-with-warmup":
-        return get_cosine_schedule_with_warmup(optimizer, spec.warmup_steps, spec.training_steps)
-    if spec.type == "linear-with-warmup":
-        return get_linear_schedule_with_warmup(optimizer, spec.warmup_steps, spec.training_steps)
-    # The wire's wsd names no total length: warm up, then decay right away over
-    # decay_steps, and hold the floor (10% of the peak) after that.
-    return get_wsd_schedule(
-        optimizer, spec.warmup_steps, spec.decay_steps, num_stable_steps=0, min_lr_ratio=0.1
-    )
+def micro_batch_size(value: str) -> int | None:
+    """`--micro-batch-size` / HYPHA_MICRO_BATCH_SIZE: samples per micro-batch, or `auto`
+    (also empty) for the whole share, halved on an out-of-memory error."""
+    if value in ("", "auto"):
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(
+            f"micro-batch size {value!r} is neither a positive number of samples nor auto"
+        )
+    return int(value)
 
 
 class OneLineArgumentParser(argparse.ArgumentParser):
@@ -318,6 +360,12 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
         help="dtype of the pseudo-gradients sent (bfloat16 halves the bytes; default float32, "
         "which upstream's parameter server expects)",
     )
+    parser.add_argument(
+        "--micro-batch-size",
+        type=micro_batch_size,
+        default=os.environ.get("HYPHA_MICRO_BATCH_SIZE", "auto"),
+        help="samples per micro-batch (default auto: the whole batch, halved on out of memory)",
+    )
     arguments = parser.parse_args(argv)
     if arguments.job is None:
         parser.error("the job is missing: give --job, or set JOB_JSON")
@@ -337,7 +385,13 @@ def main(argv: list[str] | None = None) -> int:
         job = parse_job(arguments.job)
         if not arguments.work_dir.is_dir():
             raise JobSpecError(f"work dir {arguments.work_dir} does not exist")
-        Trainer(job, arguments.socket, arguments.work_dir, arguments.pseudo_gradient_dtype).run()
+        Trainer(
+            job,
+            arguments.socket,
+            arguments.work_dir,
+            arguments.pseudo_gradient_dtype,
+            arguments.micro_batch_size,
+        ).run()
     except Cancelled:
         say("cancelled (SIGTERM)")
         return 143

@@ -1,0 +1,125 @@
+"""Benchmark 5: the executor's samples/s when the scheduler's answers take their time.
+
+A Hypha worker forwards each `status` over the network to the scheduler, so an answer takes
+20-100 ms, where the local stand-in answers in well under one. Here the stand-in's answers
+to every Progress message are held back by 0, 20 and 100 ms (a wrapper around the bridge's
+backend, nothing else changes), and the executor trains the demo job as a process under a
+local worker. Measured: the median samples/s of rounds 2.. (the executor's own metrics)
+against the same with no delay, and how many batches the executor trained past the
+ScheduleUpdate's counter because its answer came late (the round line's overshoot). The
+delays run in turns, repeated, so that the machine's drift falls on all of them alike; the
+executor runs torch on one thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.errors import BenchError
+from bench.models import Shape
+from hypha.accelerate_executor.local.assets import ensure_assets
+from hypha.accelerate_executor.local.coordinator import Catalog, Coordinator, RunOptions
+from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
+from hypha.accelerate_executor.local.demo import supervise
+from hypha.accelerate_executor.local.worker import LocalWorker, preset, serve_one_job
+
+DELAYS_MS = (0, 20, 100)
+
+
+@dataclass
+class StatusDelayResult:
+    model: str
+    batch_size: int
+    steps_per_round: int
+    delay_ms: int
+    samples_per_s: list[float]  # each repeat's median over rounds 2..
+    overshoot: list[int]  # batches past ScheduleUpdate, summed over each repeat's rounds
+    rounds: int
+
+    @property
+    def median_samples_per_s(self) -> float:
+        return statistics.median(self.samples_per_s)
+
+
+class DelayedAnswers:
+    """A bridge backend whose every `status` answer comes `delay_s` late, as over a network."""
+
+    def __init__(self, backend: Any, delay_s: float) -> None:
+        self._backend = backend
+        self._delay_s = delay_s
+
+    def status(self, progress: Any) -> dict[str, Any]:
+        time.sleep(self._delay_s)
+        answer: dict[str, Any] = self._backend.status(progress)
+        return answer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+
+def one_run(
+    shape: Shape, delay_ms: int, options: RunOptions, work_base: Path, timeout_s: float
+) -> tuple[float, int]:
+    """The executor's median samples/s over rounds 2.. and its total overshoot."""
+    assets = ensure_assets(spec=shape.asset_spec())
+    with Coordinator(Catalog.from_assets(assets), options, name="bench-coordinator") as coordinator:
+        # One torch thread: on a loaded machine, two would spin against the others' work,
+        # and the ratio would measure the machine instead of the executor.
+        worker = LocalWorker(
+            "bench-worker", preset("process"), work_base, env={"OMP_NUM_THREADS": "1"}
+        )
+        failure: list[BaseException] = []
+
+        def serve() -> None:
+            try:
+                serve_one_job(
+                    CoordinatorClient(coordinator.url),
+                    worker,
+                    backend=lambda job: DelayedAnswers(coordinator.backend(job), delay_ms / 1e3),
+                )
+            except Exception as exc:
+                failure.append(exc)
+
+        thread = threading.Thread(target=serve, name="bench-worker", daemon=True)
+        thread.start()
+        supervise(coordinator, lambda: not thread.is_alive(), timeout_s)
+        record = coordinator.summary()["workers"]["bench-worker"]
+    if failure or record["exit_code"] != 0:
+        raise BenchError(f"the executor failed at a {delay_ms} ms delay: {failure or record}")
+    metrics = sorted((int(key), value) for key, value in record["metrics"].items())
+    rates = [m["samples_per_second"] for key, m in metrics if key > 1]
+    if not rates:
+        raise BenchError("the executor reported no metrics after its first round")
+    overshoot = sum(int(m.get("overshoot_batches", 0)) for _, m in metrics)
+    return statistics.median(rates), overshoot
+
+
+def run(
+    work_base: Path,
+    shape: Shape,
+    options: RunOptions,
+    repeats: int,
+    delays_ms: tuple[int, ...] = DELAYS_MS,
+    timeout_s: float = 900.0,
+) -> list[StatusDelayResult]:
+    results = {
+        delay: StatusDelayResult(
+            shape.name, options.batch_size, options.steps_per_round, delay, [], [], options.rounds
+        )
+        for delay in delays_ms
+    }
+    # The executor's and the coordinator's lines would break up the results table.
+    with contextlib.redirect_stdout(sys.stderr):
+        for _ in range(repeats):
+            for delay in delays_ms:
+                rate, overshoot = one_run(shape, delay, options, work_base, timeout_s)
+                results[delay].samples_per_s.append(rate)
+                results[delay].overshoot.append(overshoot)
+    return list(results.values())

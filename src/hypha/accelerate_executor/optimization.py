@@ -1,0 +1,40 @@
+"""The job's optimizer and LR schedule, as torch and transformers build them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from hypha.accelerate_executor.job import Job, LrScheduler
+
+
+def adamw_arguments(job: Job) -> dict[str, Any]:
+    """The job's optimizer as AdamW arguments; null fields keep torch's defaults."""
+    spec = job.config.optimizer
+    arguments: dict[str, Any] = {"lr": float(spec.learning_rate)}
+    if spec.betas is not None:
+        arguments["betas"] = (float(spec.betas[0]), float(spec.betas[1]))
+    if spec.epsilon is not None:
+        arguments["eps"] = float(spec.epsilon)
+    return arguments
+
+
+def build_lr_schedule(optimizer: torch.optim.Optimizer, spec: LrScheduler | None) -> Any:
+    from transformers import (
+        get_cosine_schedule_with_warmup,
+        get_linear_schedule_with_warmup,
+        get_wsd_schedule,
+    )
+
+    if spec is None:
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    if spec.type == "cosine-with-warmup":
+        return get_cosine_schedule_with_warmup(optimizer, spec.warmup_steps, spec.training_steps)
+    if spec.type == "linear-with-warmup":
+        return get_linear_schedule_with_warmup(optimizer, spec.warmup_steps, spec.training_steps)
+    # The wire's wsd names no total length: warm up, then decay right away over
+    # decay_steps, and hold the floor (10% of the peak) after that.
+    return get_wsd_schedule(
+        optimizer, spec.warmup_steps, spec.decay_steps, num_stable_steps=0, min_lr_ratio=0.1
+    )

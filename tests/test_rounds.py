@@ -1,0 +1,163 @@
+"""A round's decisions: status answers to a typed decision, statuses sent one per batch,
+concurrently and in order, and the LR schedules the job names."""
+
+from __future__ import annotations
+
+import json
+import random
+import socketserver
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+
+import pytest
+import torch
+
+from hypha.accelerate_executor.bridge import BridgeClient
+from hypha.accelerate_executor.errors import SchedulerError
+from hypha.accelerate_executor.job import LinearWithWarmup, WarmupStableDecay
+from hypha.accelerate_executor.optimization import build_lr_schedule
+from hypha.accelerate_executor.progress import StatusAnswer, StatusReporter
+from hypha.accelerate_executor.training import (
+    JOB_DONE,
+    TRAIN_ON,
+    Decision,
+    Verdict,
+    scheduler_decision,
+)
+
+
+def answers(*pairs: tuple[int, dict[str, object]]) -> list[StatusAnswer]:
+    """Answers in the order given, as they came."""
+    seen = 0
+    came = []
+    for batch, answer in pairs:
+        seen = max(seen, batch)
+        came.append(StatusAnswer(answer, batch, seen))
+    return came
+
+
+CONTINUE = {"type": "Continue"}
+
+
+def test_no_answer_or_continue_trains_on() -> None:
+    assert scheduler_decision([], TRAIN_ON) == TRAIN_ON
+    assert scheduler_decision(answers((1, CONTINUE), (2, CONTINUE)), TRAIN_ON) == TRAIN_ON
+
+
+def test_schedule_update_names_the_batch_to_synchronise_after() -> None:
+    got = scheduler_decision(answers((7, {"type": "ScheduleUpdate", "counter": 2})), TRAIN_ON)
+    assert got == Decision(Verdict.SYNCHRONISE, last_batch=9)
+    zero = scheduler_decision(answers((7, {"type": "ScheduleUpdate", "counter": 0})), TRAIN_ON)
+    assert zero.last_batch == 7  # the batch it answers was the last
+
+
+def test_statuses_that_overtook_the_answered_one_count_as_seen() -> None:
+    # The scheduler handled batch 8's status before batch 7's, and answered 7's counting both.
+    pending = answers((8, CONTINUE), (7, {"type": "ScheduleUpdate", "counter": 2}))
+    assert scheduler_decision(pending, TRAIN_ON).last_batch == 10
+
+
+def test_a_later_schedule_update_does_not_move_the_round_end() -> None:
+    first = scheduler_decision(answers((7, {"type": "ScheduleUpdate", "counter": 1})), TRAIN_ON)
+    later = scheduler_decision(answers((8, {"type": "ScheduleUpdate", "counter": 3})), first)
+    assert later == first
+
+
+def test_done_wins_over_everything() -> None:
+    pending = answers((3, {"type": "ScheduleUpdate", "counter": 1}), (4, {"type": "Done"}))
+    assert scheduler_decision(pending, TRAIN_ON) == JOB_DONE
+
+
+@pytest.mark.parametrize("answer", [{"type": "Error"}, {"type": "Ok"}, {"kind": "?"}])
+def test_an_unexpected_answer_is_a_scheduler_error(answer: dict[str, object]) -> None:
+    with pytest.raises(SchedulerError, match="to 'status'"):
+        scheduler_decision(answers((1, answer)), TRAIN_ON)
+
+
+def test_decisions_are_frozen_values() -> None:
+    with pytest.raises(AttributeError):
+        TRAIN_ON.last_batch = 3  # type: ignore[misc]
+
+
+def lrs(schedule: object, optimizer: torch.optim.Optimizer, steps: int) -> list[float]:
+    rates = []
+    for _ in range(steps):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        schedule.step()  # type: ignore[attr-defined]
+    return rates
+
+
+def test_linear_schedule_warms_up_then_falls_to_zero() -> None:
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    spec = LinearWithWarmup(type="linear-with-warmup", warmup_steps=2, training_steps=6)
+    rates = lrs(build_lr_schedule(optimizer, spec), optimizer, 7)
+    assert rates == pytest.approx([0.0, 0.5, 1.0, 0.75, 0.5, 0.25, 0.0])
+
+
+def test_wsd_schedule_warms_up_from_the_floor_decays_and_holds_it() -> None:
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    spec = WarmupStableDecay(type="wsd", warmup_steps=2, decay_steps=4)
+    rates = lrs(build_lr_schedule(optimizer, spec), optimizer, 10)
+    assert rates[:3] == pytest.approx([0.1, 0.55, 1.0])  # transformers warms up from the floor
+    assert rates[3] > rates[4] > rates[5] > 0.1  # decaying right away, no stable phase
+    assert rates[6:] == pytest.approx([0.1] * 4)  # 10% of the peak from then on
+
+
+def test_no_schedule_keeps_the_rate() -> None:
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.3)
+    assert lrs(build_lr_schedule(optimizer, None), optimizer, 4) == pytest.approx([0.3] * 4)
+
+
+class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+
+@pytest.fixture
+def slow_bridge(short_tmp: Path) -> Iterator[tuple[Path, list[int]]]:
+    """A bridge that answers each status after a random delay, the first four only once
+    four are open at the same time; records the order the statuses arrive in."""
+    arrived: list[int] = []
+    four_at_once = threading.Barrier(4, timeout=30)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            progress = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            number = progress["status"]["batch_size"]
+            arrived.append(number)
+            if number <= 4:
+                four_at_once.wait()  # breaks, and so fails the test, if statuses queue
+            time.sleep(random.uniform(0.0, 0.02))
+            body = json.dumps(CONTINUE).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = _Server(str(short_tmp / "bridge.sock"), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield short_tmp, arrived
+    server.shutdown()
+    server.server_close()
+
+
+def test_statuses_go_out_one_per_batch_and_concurrently(
+    slow_bridge: tuple[Path, list[int]],
+) -> None:
+    work_dir, arrived = slow_bridge
+    reporter = StatusReporter(BridgeClient(work_dir / "bridge.sock", work_dir))
+    for batch in range(1, 31):
+        reporter.batch_done(batch, samples=batch)  # samples tell the statuses apart
+    answered = reporter.flush()
+    reporter.close()
+    assert sorted(a.batch for a in answered) == list(range(1, 31))
+    assert all(a.answer == CONTINUE for a in answered)
+    # One per batch, none merged. (The order they are handled in is the server's threads'.)
+    assert sorted(arrived) == list(range(1, 31))

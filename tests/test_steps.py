@@ -1,0 +1,139 @@
+"""One micro-batched step: the loss in every form a model returns it, micro-batches giving the
+whole batch's gradient, and the out-of-memory fallback."""
+
+from __future__ import annotations
+
+import argparse
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from accelerate import Accelerator
+
+from hypha.accelerate_executor.distributed import Ranks
+from hypha.accelerate_executor.steps import MicroBatchedStep, NoLossError, OutOfMemory, loss_of
+from hypha.accelerate_executor.training import micro_batch_size
+
+
+class LeNetish(torch.nn.Module):
+    """A small conv net on 1x28x28 images; `form` picks how forward returns its loss."""
+
+    def __init__(self, form: str = "object", oom_above: int | None = None) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(1, 4, 5)
+        self.head = torch.nn.Linear(4 * 12 * 12, 10)
+        self.form = form
+        self.oom_above = oom_above
+
+    def forward(self, pixel_values: torch.Tensor, labels: torch.Tensor) -> Any:
+        if self.oom_above is not None and len(pixel_values) > self.oom_above:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        hidden = torch.nn.functional.max_pool2d(torch.relu(self.conv(pixel_values)), 2)
+        logits = self.head(hidden.flatten(1))
+        loss = torch.nn.functional.cross_entropy(logits, labels)
+        return {
+            "object": lambda: type("Out", (), {"loss": loss, "logits": logits})(),
+            "mapping": lambda: OrderedDict(loss=loss, logits=logits),
+            "tensor": lambda: loss,
+            "tuple": lambda: (loss, logits),
+            "none": lambda: OrderedDict(logits=logits),
+        }[self.form]()
+
+
+def batch(samples: int = 12) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    return {
+        "pixel_values": torch.randn(samples, 1, 28, 28, generator=generator),
+        "labels": torch.randint(0, 10, (samples,), generator=generator),
+    }
+
+
+def stepper(
+    model: torch.nn.Module,
+    optimizer: Callable[[Any], torch.optim.Optimizer],
+    micro_batch_size: int | None = None,
+    said: list[str] | None = None,
+) -> MicroBatchedStep:
+    accelerator = Accelerator(cpu=True)
+    prepared_model, prepared_optimizer = accelerator.prepare(model, optimizer(model.parameters()))
+    return MicroBatchedStep(
+        accelerator, prepared_model, prepared_optimizer, Ranks(accelerator), 12,
+        ["pixel_values", "labels"], micro_batch_size, (said if said is not None else []).append,
+    )  # fmt: skip
+
+
+def sgd(parameters: Any) -> torch.optim.Optimizer:
+    return torch.optim.SGD(parameters, lr=1.0)  # weights move by exactly the gradient
+
+
+def adamw(parameters: Any) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(parameters, lr=1e-2)
+
+
+def gradient_of_one_step(model: LeNetish, micro_batch_size: int | None) -> list[torch.Tensor]:
+    before = [p.detach().clone() for p in model.parameters()]
+    stepper(model, sgd, micro_batch_size)(batch())
+    return [b - p.detach() for b, p in zip(before, model.parameters(), strict=True)]
+
+
+@pytest.mark.parametrize("form", ["object", "mapping", "tensor", "tuple"])
+def test_every_output_form_trains(form: str) -> None:
+    step = stepper(LeNetish(form), adamw)
+    losses = [float(step(batch())) for _ in range(8)]
+    assert losses[-1] < losses[0]
+
+
+def test_a_model_without_a_loss_ends_in_one_line_naming_the_input_names() -> None:
+    with pytest.raises(NoLossError) as raised:
+        stepper(LeNetish("none"), adamw)(batch())
+    message = str(raised.value)
+    assert "input-names pixel_values, labels" in message and "\n" not in message
+    with pytest.raises(NoLossError):
+        loss_of((torch.ones(4, 10),), ["input_ids"])  # a tuple led by logits is no loss
+
+
+@pytest.mark.parametrize("micro_batch_size", [1, 5, 6, 11])
+def test_micro_batches_give_the_whole_batch_gradient(micro_batch_size: int) -> None:
+    whole = gradient_of_one_step(LeNetish(), None)
+    micro = gradient_of_one_step(LeNetish(), micro_batch_size)
+    for a, b in zip(whole, micro, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_micro_batches_follow_the_same_loss_curve() -> None:
+    whole, micro = stepper(LeNetish(), adamw), stepper(LeNetish(), adamw, micro_batch_size=5)
+    curves = [[float(step(batch())) for _ in range(10)] for step in (whole, micro)]
+    torch.testing.assert_close(curves[0], curves[1], rtol=1e-4, atol=1e-5)
+    assert curves[0][-1] < 0.5 * curves[0][0]
+
+
+def test_out_of_memory_halves_the_micro_batch_and_retries_the_step() -> None:
+    said: list[str] = []
+    model = LeNetish(oom_above=4)
+    before = [p.detach().clone() for p in model.parameters()]
+    step = stepper(model, sgd, said=said)
+    step(batch())
+    assert step.micro_batch_size == 3  # 12 -> 6 -> 3
+    assert said == [
+        "out of memory in micro-batches of 12 samples: running the step again in micro-batches of 6",
+        "out of memory in micro-batches of 6 samples: running the step again in micro-batches of 3",
+    ]
+    moved = [b - p.detach() for b, p in zip(before, model.parameters(), strict=True)]
+    for a, b in zip(gradient_of_one_step(LeNetish(), None), moved, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)  # the failed tries left no trace
+
+
+def test_out_of_memory_at_one_sample_is_one_clear_error() -> None:
+    with pytest.raises(OutOfMemory, match="even in micro-batches of 1 sample"):
+        stepper(LeNetish(oom_above=0), sgd)(batch())
+
+
+def test_the_micro_batch_size_setting_is_a_number_or_auto() -> None:
+    assert micro_batch_size("auto") is None and micro_batch_size("") is None
+    assert micro_batch_size("64") == 64
+    for bad in ("0", "-3", "1.5", "lots"):
+        with pytest.raises(argparse.ArgumentTypeError, match="neither a positive number"):
+            micro_batch_size(bad)
