@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +106,7 @@ def run_job(
 def run_default_job(
     catalog: Catalog, work_base: Path, command: list[str], env: dict[str, str]
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
-    options = RunOptions(workers=1, rounds=3, steps_per_round=8, lead=1, batch_size=600)
+    options = RunOptions(workers=1, rounds=3, steps_per_round=8, batch_size=600)
     return run_job(catalog, work_base, command, env, options, default_job)
 
 
@@ -153,7 +154,7 @@ def test_language_slices_without_labels_train_causal_lm(tmp_path: Path, short_tm
         mask = torch.ones_like(ids)
         mask[1::2, -5:] = 0
         save_file({"input_ids": ids * mask, "attention_mask": mask}, language / path.name)
-    catalog = Catalog(assets.models_dir, language, assets.spec.dataset_name)
+    catalog = replace(Catalog.from_assets(assets), dataset_dir=language)
     options = RunOptions(workers=1, rounds=3, steps_per_round=15, batch_size=24)
     result, worker = run_job(catalog, short_tmp, EXECUTOR, {}, options)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]

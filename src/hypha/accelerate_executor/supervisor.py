@@ -185,7 +185,9 @@ class Supervisor:
         return self._reader is not None and self._reader.is_alive()
 
     def _await_exit(self, pid: int) -> None:
-        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        # ChildProcessError: `wait` reaped the child before this thread got to look.
+        with contextlib.suppress(ChildProcessError):
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
         self._exited.set()
         self.interrupts.job_ended()
 
