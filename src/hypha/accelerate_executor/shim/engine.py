@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from hypha.accelerate_executor.shim.errors import EXIT_DOCKER, ShimError
+from hypha.accelerate_executor.errors import DockerError
 from hypha.accelerate_executor.shim.variants import build_command, image_tags
 
 if TYPE_CHECKING:
@@ -28,18 +28,16 @@ def connect() -> APIClient:
         import docker
         from docker.errors import DockerException
     except ImportError:
-        raise ShimError(
+        raise DockerError(
             "docker-py is not installed: pip install 'hypha-accelerate-executor[shim]'",
-            EXIT_DOCKER,
         ) from None
 
     try:
         return docker.APIClient(version="auto", **docker.utils.kwargs_from_env())
     except DockerException as exc:
-        raise ShimError(
+        raise DockerError(
             f"cannot reach the Docker engine at {engine_address()}: {root_cause(exc)} "
             "(is dockerd running, and may this user use its socket?)",
-            EXIT_DOCKER,
         ) from None
 
 
@@ -70,11 +68,10 @@ def find_image(api: APIClient, variant: str, override: str | None) -> str:
             continue
         return name
     if override:
-        raise ShimError(f"image {override} not found on the Docker engine", EXIT_DOCKER)
+        raise DockerError(f"image {override} not found on the Docker engine")
     versioned, moving = image_tags(variant)
-    raise ShimError(
+    raise DockerError(
         f"image {versioned} not found (nor {moving}); build it with `{build_command(variant)}`",
-        EXIT_DOCKER,
     )
 
 
