@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from hypha.accelerate_executor.errors import DockerError
-from hypha.accelerate_executor.shim.engine import explain, remove_container
+from hypha.accelerate_executor.shim.engine import explain, gone_counts_as_done, remove_container
 from hypha.accelerate_executor.shim.output import LineWriter
 from hypha.accelerate_executor.shim.reaper import reap_stale
 from hypha.accelerate_executor.shim.spec import ContainerSpec
@@ -94,7 +94,7 @@ def run_container(api: APIClient, spec: ContainerSpec, interrupts: Interrupts) -
 
 
 def _run_created(api: APIClient, container_id: str, interrupts: Interrupts) -> Outcome:
-    from docker.errors import APIError, NotFound
+    from docker.errors import APIError
 
     try:
         stream = api.attach(
@@ -115,14 +115,9 @@ def _run_created(api: APIClient, container_id: str, interrupts: Interrupts) -> O
         )
     interrupts.wait_for_end()
     if not interrupts.ended:
-        try:
+        with gone_counts_as_done():
             # SIGTERM (through the container's init), STOP_GRACE_S, then SIGKILL.
             api.stop(container_id, timeout=STOP_GRACE_S)
-        except NotFound:
-            pass
-        except APIError as exc:
-            if exc.status_code != 409:
-                raise
         waiter.join()
     pump.join(DRAIN_S)
     if waiter.result is None:

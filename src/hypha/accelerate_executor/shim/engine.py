@@ -7,6 +7,8 @@ each container they touch, which costs a round trip per call on the start-up pat
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from hypha.accelerate_executor.errors import DockerError
@@ -75,14 +77,20 @@ def find_image(api: APIClient, variant: str, override: str | None) -> str:
     )
 
 
-def remove_container(api: APIClient, container_id: str) -> None:
-    """Force-removes a container; one already gone (404) or being removed (409) counts as done."""
-    from docker.errors import APIError, NotFound
+@contextmanager
+def gone_counts_as_done() -> Iterator[None]:
+    """A container already gone (404), or already being removed or stopped (409), is one the
+    call in this block need not act on."""
+    from docker.errors import APIError
 
     try:
-        api.remove_container(container_id, force=True)
-    except NotFound:
-        pass
+        yield
     except APIError as exc:
-        if exc.status_code != 409:
+        if exc.status_code not in (404, 409):
             raise
+
+
+def remove_container(api: APIClient, container_id: str) -> None:
+    """Force-removes a container; one already gone or being removed counts as done."""
+    with gone_counts_as_done():
+        api.remove_container(container_id, force=True)
