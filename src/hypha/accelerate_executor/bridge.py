@@ -189,7 +189,8 @@ class BridgeClient:
         self, route: str, body: bytes, timeout: float, on_sent: Callable[[], None] | None = None
     ) -> tuple[int, bytes]:
         """One request on a kept-alive connection: a `status` goes out after every batch,
-        and a new connection each time costs the bridge more than answering it."""
+        and a new connection each time costs the bridge more than answering it. Hand-written
+        on http.client: the executor image has no urllib3 (nor requests, nor httpx)."""
         connection, reused = self._acquire(timeout)
         headers = {"Content-Type": "application/json"}
         try:
