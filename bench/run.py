@@ -38,8 +38,9 @@ from bench.data_path import SliceShape
 from bench.errors import BenchError
 from bench.models import DEMO, HUGE_100M, LARGE_32M, MEDIUM_10M, MICRO, SMALL_1M, Shape
 from bench.timing import machine_cpu_seconds, own_cpu_seconds
+from hypha.accelerate_executor.cli import OneLineArgumentParser
+from hypha.accelerate_executor.errors import UsageError
 from hypha.accelerate_executor.local.coordinator import RunOptions
-from hypha.accelerate_executor.training import OneLineArgumentParser
 
 BENCHMARKS = ("inner", "data", "sync", "pseudo", "status")
 # A load average above this at the start is worth a warning before anything runs.
@@ -348,8 +349,8 @@ def _machine(load_before: float, load_after: float) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    arguments = parse_arguments(argv)
     try:
+        arguments = parse_arguments(argv)
         command = " ".join(["python bench/run.py", *argv])
         return run(
             arguments.size, arguments.only, arguments.out, command, arguments.mixed_precision
@@ -357,6 +358,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("bench: interrupted", file=sys.stderr)
         return 130
+    except UsageError as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return exc.exit_code
     except (BenchError, OSError) as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 1

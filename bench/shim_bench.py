@@ -138,8 +138,8 @@ def main() -> int:
     if shutil.which("docker") is None:
         print("shim_bench: no docker CLI on PATH", file=sys.stderr)
         return 1
+    from hypha.accelerate_executor.errors import ShimError
     from hypha.accelerate_executor.shim.engine import connect
-    from hypha.accelerate_executor.shim.errors import ShimError
 
     try:
         api = connect()

@@ -18,13 +18,12 @@ from hypha.accelerate_executor.data import (
     OWN_SLICES_DIR,
     READ_WHOLE_BYTES,
     Batch,
-    DataError,
     Share,
     SliceStream,
     load_slice,
     worker_batches,
 )
-from hypha.accelerate_executor.errors import ExecutorError
+from hypha.accelerate_executor.errors import DataError, ExecutorError
 from hypha.accelerate_executor.job import SchedulerReference
 from hypha.accelerate_executor.tensorfile import layout
 

@@ -12,9 +12,9 @@ from safetensors.torch import load_file, save_file
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from hypha.accelerate_executor import diloco
-from hypha.accelerate_executor.diloco import GlobalWeights, UpdateError
+from hypha.accelerate_executor.diloco import GlobalWeights
 from hypha.accelerate_executor.distributed import ModelWeights, canonical_names
-from hypha.accelerate_executor.errors import ExecutorError
+from hypha.accelerate_executor.errors import ExecutorError, UpdateError
 
 
 def tiny_tied_model() -> GPT2LMHeadModel:

@@ -14,7 +14,7 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
 from transformers import AutoImageProcessor, PreTrainedTokenizerFast
 
-from hypha.accelerate_executor.data import DataError
+from hypha.accelerate_executor.errors import DataError
 from hypha.accelerate_executor.inputs import ModelInputs, slice_names
 from hypha.accelerate_executor.job import TrainConfig, parse_job
 

@@ -13,7 +13,8 @@ import torch
 from accelerate import Accelerator
 
 from hypha.accelerate_executor.distributed import Ranks
-from hypha.accelerate_executor.steps import MicroBatchedStep, NoLossError, OutOfMemory, loss_of
+from hypha.accelerate_executor.errors import NoLossError, OutOfMemory
+from hypha.accelerate_executor.steps import MicroBatchedStep, loss_of
 from hypha.accelerate_executor.training import micro_batch_size
 
 

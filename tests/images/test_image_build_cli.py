@@ -11,8 +11,8 @@ import sys
 import pytest
 from image_harness import ROOT
 
+from hypha.accelerate_executor.errors import ShimError
 from hypha.accelerate_executor.shim import build
-from hypha.accelerate_executor.shim.errors import ShimError
 
 
 def run_build(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from hypha.accelerate_executor.local.backend import BackendError
+from hypha.accelerate_executor.errors import BackendError
 from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
 
 

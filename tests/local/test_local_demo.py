@@ -105,9 +105,10 @@ def test_cli_refuses_bad_arguments_in_one_line(capsys):
     assert capsys.readouterr().err.strip() == "hypha-accelerate local: workers must be at least 1"
     assert cli.main(["demo", "--executor", "toml:/nonexistent.toml"]) == 2
     assert "cannot read worker config /nonexistent.toml" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as exit_:
-        cli.main(["worker", "--coordinator", "http://127.0.0.1:1"])
-    assert exit_.value.code == 2
+    assert cli.main(["worker", "--coordinator", "http://127.0.0.1:1"]) == 2
+    assert capsys.readouterr().err == (
+        "hypha-accelerate local: the following arguments are required: --name (see --help)\n"
+    )
 
 
 def test_demo_cancels_at_its_timeout(assets_dir, short_dir, tmp_path):

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
+from hypha.accelerate_executor.errors import ProgressError
 from hypha.accelerate_executor.local.data_service import SliceTracker
 from hypha.accelerate_executor.local.scheduler import (
     BatchScheduler,
     Projection,
     RunningMean,
-    SchedulerError,
     project,
 )
 
@@ -72,14 +72,14 @@ def test_two_rounds_of_three_workers():
         assert scheduler.status(peer, samples) == answer, (peer, clock.now)
     for peer in ("w1", "w2", "w3"):
         assert scheduler.update(peer) == {"type": "Ok"}
-    with pytest.raises(SchedulerError, match="status while updating"):
+    with pytest.raises(ProgressError, match="status while updating"):
         scheduler.status("w1", 150)
     scheduler.updated()
     assert [scheduler.update_received(p) for p in ("w1", "w2", "w3")] == [{"type": "Continue"}] * 3
     assert (scheduler.count, scheduler.round) == (800, 1)
     scheduler.updated()
     assert scheduler.update_received("w1") == {"type": "Done"}
-    with pytest.raises(SchedulerError, match="status while done"):
+    with pytest.raises(ProgressError, match="status while done"):
         scheduler.status("w1", 150)
 
 
@@ -117,7 +117,7 @@ def test_a_worker_that_left_is_no_longer_projected():
     # a alone needs 3, the steps cap.
     scheduler.remove_worker("b")
     assert scheduler.status("a", 10) == {"type": "Continue"}
-    with pytest.raises(SchedulerError, match="no worker b"):
+    with pytest.raises(ProgressError, match="no worker b"):
         scheduler.status("b", 10)
 
 

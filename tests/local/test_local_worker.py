@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from hypha.accelerate_executor.errors import WorkerError
 from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
 from hypha.accelerate_executor.local.worker import (
     ExecutorEntry,
     LocalWorker,
-    WorkerError,
     executor_entry,
     load_toml_entry,
     serve_one_job,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from shim_harness import BASE_IMAGE, WorkerJob
 
-from hypha.accelerate_executor.shim.errors import ShimError
+from hypha.accelerate_executor.errors import ShimError
 from hypha.accelerate_executor.shim.hostpath import translate
 
 REPO = Path(__file__).resolve().parents[2]

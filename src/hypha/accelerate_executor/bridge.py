@@ -145,24 +145,19 @@ class BridgeClient:
         self, connection: _UnixHTTPConnection, response: http.client.HTTPResponse
     ) -> Iterator[ReceivedFile]:
         try:
-            data_lines: list[str] = []
-            while True:
-                raw = response.readline()
-                if not raw:
-                    raise BridgeGoneError("the bridge closed the update stream")
-                line = raw.decode("utf-8").rstrip("\r\n")
-                if line.startswith("data:"):
-                    data_lines.append(line[5:].removeprefix(" "))
-                elif not line and data_lines:
-                    yield self._received(json.loads("\n".join(data_lines)))
-                    data_lines = []
-                # Comments (`: keepalive`) and other SSE fields carry nothing for us.
-        except TimeoutError:
-            raise BridgeGoneError(
-                f"the bridge sent nothing on the update stream for {STREAM_SILENCE_LIMIT_S:.0f} s"
-            ) from None
-        except _CONNECTION_LOST as exc:
-            raise BridgeGoneError(f"lost the update stream: {exc}") from None
+            with self._reaching("the update stream", STREAM_SILENCE_LIMIT_S, streaming=True):
+                data_lines: list[str] = []
+                while True:
+                    raw = response.readline()
+                    if not raw:
+                        raise BridgeGoneError("the bridge closed the update stream")
+                    line = raw.decode("utf-8").rstrip("\r\n")
+                    if line.startswith("data:"):
+                        data_lines.append(line[5:].removeprefix(" "))
+                    elif not line and data_lines:
+                        yield self._received(json.loads("\n".join(data_lines)))
+                        data_lines = []
+                    # Comments (`: keepalive`) and other SSE fields carry nothing for us.
         finally:
             connection.close()
 
@@ -194,7 +189,8 @@ class BridgeClient:
         self, route: str, body: bytes, timeout: float, on_sent: Callable[[], None] | None = None
     ) -> tuple[int, bytes]:
         """One request on a kept-alive connection: a `status` goes out after every batch,
-        and a new connection each time costs the bridge more than answering it."""
+        and a new connection each time costs the bridge more than answering it. Hand-written
+        on http.client: the executor image has no urllib3 (nor requests, nor httpx)."""
         connection, reused = self._acquire(timeout)
         headers = {"Content-Type": "application/json"}
         try:
@@ -252,8 +248,9 @@ class BridgeClient:
         return connection.getresponse()
 
     @contextmanager
-    def _reaching(self, route: str, timeout: float) -> Iterator[None]:
-        """Turns every way of losing the bridge during a request into one BridgeGoneError."""
+    def _reaching(self, during: str, timeout: float, streaming: bool = False) -> Iterator[None]:
+        """Turns every way of losing the bridge during a request (or the update stream) into
+        one BridgeGoneError."""
         try:
             yield
         except FileNotFoundError:
@@ -263,11 +260,12 @@ class BridgeClient:
                 f"the bridge at {self.socket_path} refused the connection"
             ) from None
         except TimeoutError:
-            raise BridgeGoneError(
-                f"the bridge did not answer {route} within {timeout:.0f} s"
-            ) from None
+            silence = (
+                f"sent nothing on {during} for" if streaming else f"did not answer {during} within"
+            )
+            raise BridgeGoneError(f"the bridge {silence} {timeout:.0f} s") from None
         except _CONNECTION_LOST as exc:
-            raise BridgeGoneError(f"lost the bridge during {route}: {exc}") from None
+            raise BridgeGoneError(f"lost the bridge during {during}: {exc}") from None
 
     @staticmethod
     def _raise_for(route: str, status: int, data: bytes) -> None:

@@ -1,4 +1,4 @@
-"""The `hypha-accelerate` console command.
+"""The `hypha-accelerate` console command, and the argument parser every command uses.
 
 Each sub-command lives in the module of the part it belongs to and is imported only
 when called, so the host-side commands never import torch.
@@ -6,8 +6,12 @@ when called, so the host-side commands never import torch.
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
+from typing import NoReturn
+
+from hypha.accelerate_executor.errors import EXIT_OK, EXIT_USAGE, UsageError
 
 # sub-command -> (module, one-line help). Each module has `main(argv: list[str]) -> int`.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -35,6 +39,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """argparse whose complaint is a UsageError, which each `main` prints as one line,
+    `PROG: message (see --help)`, and exits 2 with (argparse's own is the usage, then a
+    line, and a SystemExit)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see --help)")
+
+
 def usage() -> str:
     lines = ["usage: hypha-accelerate COMMAND [ARGS...]", "", "commands:"]
     lines += [f"  {name:<14} {help_}" for name, (_, help_) in COMMANDS.items()]
@@ -45,15 +58,15 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if not args or args[0] in ("-h", "--help"):
         print(usage())
-        return 0 if args else 2
+        return EXIT_OK if args else EXIT_USAGE
     if args[0] == "--version":
         from hypha.accelerate_executor import __version__
 
         print(__version__)
-        return 0
+        return EXIT_OK
     if args[0] not in COMMANDS:
         print(f"hypha-accelerate: unknown command {args[0]!r}; try --help", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     module = importlib.import_module(COMMANDS[args[0]][0])
     return int(module.main(args[1:]))
 

@@ -27,7 +27,7 @@ import torch
 
 from hypha.accelerate_executor.bridge import BridgeClient
 from hypha.accelerate_executor.distributed import Ranks
-from hypha.accelerate_executor.errors import ExecutorError
+from hypha.accelerate_executor.errors import DataError
 from hypha.accelerate_executor.job import DataReference
 from hypha.accelerate_executor.tensorfile import TensorEntry, read_layout
 
@@ -42,10 +42,6 @@ OWN_SLICES_DIR = "slices"
 # Padding where token rows of different lengths meet in one batch: `labels` are ignored
 # at -100 (transformers' convention), everything else pads with 0 (attention_mask 0).
 PAD_VALUES = {"labels": -100}
-
-
-class DataError(ExecutorError):
-    """A data slice does not hold what the job says it holds."""
 
 
 @dataclass(frozen=True)

@@ -19,15 +19,11 @@ from pathlib import Path
 
 import torch
 
-from hypha.accelerate_executor.errors import ExecutorError
+from hypha.accelerate_executor.errors import UpdateError
 from hypha.accelerate_executor.tensorfile import layout, read_layout
 
 # Elements per streamed chunk: 4 MiB of fp32, which stays in a core's cache.
 CHUNK = 1 << 20
-
-
-class UpdateError(ExecutorError):
-    """The parameter server's update does not fit the model."""
 
 
 class GlobalWeights:

@@ -1,23 +1,105 @@
-"""The executor's exception types. Each message is one line a worker's log can show as is."""
+"""Every exception this package raises on purpose, and the exit codes they end in.
+
+Each message is one line that a worker's log, a terminal or an HTTP body shows as it is.
+A process's `main` prints `PROG: message` on stderr and exits with the error's `exit_code`.
+
+    HyphaError                  the root: a one-line message and an exit code (1 unless below)
+    ├── UsageError              bad command-line arguments (OneLineArgumentParser): 2
+    ├── ExecutorError           the executor, in the image, cannot go on
+    │   ├── JobSpecError        the job is refused: 2
+    │   │   ├── JsonError       not JSON as serde_json reads it
+    │   │   ├── SerdeError      JSON that Hypha's Rust types refuse
+    │   │   ├── UntrainableJobError  serde accepts it, nothing could train it
+    │   │   └── RemoteCodeRefused    the model ships Python the operator has not allowed
+    │   ├── BridgeError         the bridge answered a request with an error
+    │   ├── BridgeGoneError     the bridge cannot be reached any more
+    │   ├── UnsafePathError     the bridge handed back a path outside the work dir
+    │   ├── SchedulerError      the scheduler answered Error, or something unknown
+    │   ├── DataError           a data slice does not hold what the job says
+    │   ├── NoLossError         the model's forward returned no loss
+    │   ├── OutOfMemory         a step does not fit even in the smallest micro-batches
+    │   ├── UpdateError         the parameter server's update does not fit the model
+    │   └── TensorFileError     a file is not the safetensors file it should be
+    ├── LaunchError             the image's launcher: bad argument, config or container: 2
+    ├── ShimError               the host shim: bad arguments, job or work dir: 2
+    │   ├── DockerError         Docker cannot run the container (engine, image, runtime): 125
+    │   └── BuildError          a step of an image or bundle build failed: 1
+    └── LocalError              the local stand-in for the Hypha side
+        ├── Rejection           a request refused at the bridge's HTTP layer (status, body)
+        ├── BackendError        a failure beyond the bridge, answered 500 with its kind
+        ├── Refusal             a request the coordinator refuses (status, kind)
+        ├── ProgressError       a progress message the scheduler answers with Error
+        ├── WorkerError         the local worker cannot run the job
+        └── CoordinatorError    the coordinator refused a request or cannot be reached
+    Cancelled                   SIGTERM reached the executor: 143. A BaseException, like
+                                KeyboardInterrupt (130), so no `except Exception` stops it
+
+A job cancelled by signal N exits 128 + N (supervisor.signal_exit_status); a child killed
+by signal N is reported as 128 + N too, as a shell shows it.
+"""
 
 from __future__ import annotations
 
+import signal
+from typing import TYPE_CHECKING
 
-class ExecutorError(Exception):
-    """Base of every failure the executor reports with one line and a non-zero exit."""
+if TYPE_CHECKING:
+    from hypha.accelerate_executor.local.backend import ErrorKind
 
-    exit_code = 1
+EXIT_OK = 0
+EXIT_FAILED = 1  # the job (or the command) failed
+EXIT_USAGE = 2  # bad arguments or a bad job
+EXIT_DOCKER = 125  # as `docker run`: Docker could not run the container
+EXIT_SIGNAL_BASE = 128  # + N: ended by signal N
+
+
+class HyphaError(Exception):
+    """Root of every failure this package reports: one line, and the exit code it ends in."""
+
+    exit_code = EXIT_FAILED
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(message.split()))
+
+
+class UsageError(HyphaError):
+    """Bad command-line arguments."""
+
+    exit_code = EXIT_USAGE
+
+
+# The executor, inside the image.
+
+
+class ExecutorError(HyphaError):
+    """A failure the executor reports with one line and a non-zero exit."""
 
 
 class JobSpecError(ExecutorError):
     """The job JSON is malformed or asks for something this executor does not do."""
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
+
+
+class JsonError(JobSpecError):
+    """Not JSON as serde_json reads it; the message names the problem and where."""
+
+
+class SerdeError(JobSpecError):
+    """JSON that Hypha's Rust types (serde) refuse; the message names the field."""
+
+    def __init__(self, path: tuple[str | int, ...], problem: str) -> None:
+        where = ".".join(str(part) for part in path) or "job"
+        super().__init__(f"{where}: {problem}")
 
 
 class UntrainableJobError(JobSpecError):
     """A job Hypha's Rust side accepts that this executor cannot train: one of the README's
     "Jobs refused beyond serde"."""
+
+
+class RemoteCodeRefused(JobSpecError):
+    """The model or preprocessor ships Python code and the operator has not allowed it."""
 
 
 class BridgeError(ExecutorError):
@@ -41,3 +123,110 @@ class UnsafePathError(ExecutorError):
 
 class SchedulerError(ExecutorError):
     """The scheduler answered with Error, or with something this executor does not know."""
+
+
+class DataError(ExecutorError):
+    """A data slice does not hold what the job says it holds."""
+
+
+class NoLossError(ExecutorError):
+    """The model's forward returned no loss to train on."""
+
+
+class OutOfMemory(ExecutorError):
+    """A step does not fit in memory even in the smallest micro-batches."""
+
+
+class UpdateError(ExecutorError):
+    """The parameter server's update does not fit the model."""
+
+
+class TensorFileError(ExecutorError):
+    """A file is not the safetensors file it should be."""
+
+
+class Cancelled(BaseException):
+    """SIGTERM from the worker, or from a launcher passing it on. Not an Exception: the
+    training loop's `except Exception` clauses must let it through."""
+
+    exit_code = EXIT_SIGNAL_BASE + signal.SIGTERM
+
+
+# The image's launcher.
+
+
+class LaunchError(HyphaError):
+    """A bad argument or accelerate config, or a container the job cannot run in."""
+
+    exit_code = EXIT_USAGE
+
+
+# The host shim.
+
+
+class ShimError(HyphaError):
+    """A failure a user can cause on the host: arguments, job, work dir."""
+
+    exit_code = EXIT_USAGE
+
+
+class DockerError(ShimError):
+    """Docker cannot run the container: engine, image, GPU runtime, mounts."""
+
+    exit_code = EXIT_DOCKER
+
+
+class BuildError(ShimError):
+    """A step of an image or bundle build failed; its own output says why."""
+
+    exit_code = EXIT_FAILED
+
+
+# The local stand-in for the Hypha side.
+
+
+class LocalError(HyphaError):
+    """A failure of the local stand-in (coordinator, worker, bridge server)."""
+
+
+class Rejection(LocalError):
+    """A request refused before or at its route: status, body and its content type."""
+
+    def __init__(
+        self, status: int, body: str, content_type: str = "text/plain; charset=utf-8"
+    ) -> None:
+        super().__init__(body)
+        self.status = status
+        self.body = body.encode()
+        self.content_type = content_type
+
+
+class BackendError(LocalError):
+    """A failure beyond the bridge; the bridge answers it with 500 and this kind."""
+
+    def __init__(self, kind: ErrorKind, detail: str) -> None:
+        super().__init__(detail)
+        self.kind: ErrorKind = kind
+        self.detail = detail
+
+
+class Refusal(LocalError):
+    """A request the coordinator refuses: the HTTP status, the error kind, one line."""
+
+    def __init__(self, status: int, kind: str, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.kind = kind
+        self.detail = detail
+
+
+class ProgressError(LocalError):
+    """A progress message the stand-in's scheduler answers with {"type": "Error"}."""
+
+
+class WorkerError(LocalError):
+    """The local worker cannot run the job."""
+
+
+class CoordinatorError(LocalError):
+    """The coordinator refused a request or cannot be reached."""

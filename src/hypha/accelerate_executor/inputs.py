@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from hypha.accelerate_executor.data import Batch, DataError
+from hypha.accelerate_executor.data import Batch
+from hypha.accelerate_executor.errors import DataError
 from hypha.accelerate_executor.job import TrainConfig
 
 ATTENTION_MASK = "attention_mask"

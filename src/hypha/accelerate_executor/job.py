@@ -17,7 +17,11 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from hypha.accelerate_executor.errors import JobSpecError, UntrainableJobError
+from hypha.accelerate_executor.errors import (
+    JobSpecError,
+    JsonError,
+    UntrainableJobError,
+)
 from hypha.accelerate_executor.serde import (
     F64,
     PEER_ID,
@@ -25,7 +29,6 @@ from hypha.accelerate_executor.serde import (
     Array,
     Integer,
     Option,
-    SerdeError,
     Str,
     Struct,
     Tagged,
@@ -33,7 +36,7 @@ from hypha.accelerate_executor.serde import (
     UnitEnum,
     Vec,
 )
-from hypha.accelerate_executor.wirejson import JsonError, read_struct
+from hypha.accelerate_executor.wirejson import read_struct
 
 # serde's kebab-case of upstream's ModelType; `vison2-seq` (sic) is how it spells Vison2Seq,
 # and "vision2-seq" is unknown to it.
@@ -320,8 +323,6 @@ def parse_job_bytes(data: bytes) -> Job:
         wire = JOB_SPEC.decode(read_struct(text, frozenset(JOB_SPEC.fields)), ())
     except JsonError as exc:
         raise JobSpecError(f"job is not valid JSON: {exc}") from None
-    except SerdeError as exc:
-        raise JobSpecError(str(exc)) from None
     if wire["executor"]["class"] == "aggregate":
         raise UntrainableJobError(
             "executor.class: 'aggregate' jobs belong to the worker's built-in parameter "

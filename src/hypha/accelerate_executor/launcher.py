@@ -31,19 +31,17 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from hypha.accelerate_executor import __version__
+from hypha.accelerate_executor.cli import OneLineArgumentParser
+from hypha.accelerate_executor.errors import EXIT_OK, HyphaError, LaunchError
 from hypha.accelerate_executor.supervisor import Interrupts, Supervisor
 
 TRAINING_MODULE = "hypha.accelerate_executor.training"
 VARIANTS = ("cpu", "cu126", "cu129", "cu130", "rocm64", "mps")
-EXIT_USAGE = 2
+PROG = "launcher"  # what its lines start with
 AMD_VENDOR_ID = "0x1002"
-
-
-class LaunchError(Exception):
-    """A bad argument or config: one line on stderr, exit 2."""
 
 
 @dataclass(frozen=True)
@@ -302,13 +300,8 @@ def run_ranks(command: Sequence[str], env: Mapping[str, str]) -> int:
     return interrupts.exit_code if interrupts.signum is not None else code
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise LaunchError(f"{message} (see --help)")
-
-
 def parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = OneLineArgumentParser(
         prog="python -m hypha.accelerate_executor.launcher",
         description="Choose an accelerate config and start the Hypha training executor's ranks.",
     )
@@ -345,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser().parse_args(sys.argv[1:] if argv is None else argv)
         if args.version:
             print(f"hypha-accelerate-executor {__version__} ({image_variant(os.environ)})")
-            return 0
+            return EXIT_OK
         if args.num_processes is not None and args.num_processes < 1:
             raise LaunchError(f"--num-processes must be at least 1, not {args.num_processes}")
         if not args.print_config:
@@ -358,14 +351,14 @@ def main(argv: list[str] | None = None) -> int:
         chosen = plan(args, os.environ)
         if not args.print_config:
             require_writable_home(os.environ)
-    except LaunchError as exc:
-        print(f"launcher: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+    except HyphaError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return exc.exit_code
     if args.print_config:
         print(describe(chosen))
-        return 0
+        return EXIT_OK
     if args.accelerate_config == "auto" and chosen.gpus == 0 and chosen.variant != "cpu":
-        print(f"launcher: warning: {chosen.how_chosen.removeprefix('auto: ')}", flush=True)
+        print(f"{PROG}: warning: {chosen.how_chosen.removeprefix('auto: ')}", flush=True)
     return run_ranks(chosen.command, {**os.environ, **chosen.env})
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 import transformers
 
-from hypha.accelerate_executor.errors import JobSpecError
+from hypha.accelerate_executor.errors import JobSpecError, RemoteCodeRefused
 
 # Wire task -> the transformers Auto class of the same name (protocol.md section 4).
 AUTO_MODEL_CLASSES = {
@@ -77,10 +77,6 @@ def _transformers_class(name: str, what: str) -> Any:
 def trust_remote_code() -> bool:
     """Remote code in model repositories runs only when the operator opts in."""
     return os.environ.get("HYPHA_TRUST_REMOTE_CODE", "") in ("1", "true", "yes")
-
-
-class RemoteCodeRefused(JobSpecError):
-    """The model or preprocessor ships Python code and the operator has not allowed it."""
 
 
 def _refuse_untrusted_code(folder: Path, config_file: str, what: str) -> None:

@@ -24,15 +24,10 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from hypha.accelerate_executor.errors import SerdeError
 from hypha.accelerate_executor.wirejson import Obj, Value
 
 Path = tuple[str | int, ...]
-
-
-class SerdeError(ValueError):
-    def __init__(self, path: Path, problem: str) -> None:
-        where = ".".join(str(part) for part in path) or "job"
-        super().__init__(f"{where}: {problem}")
 
 
 def _kind(value: Value) -> str:

@@ -24,15 +24,7 @@ from accelerate.utils.memory import clear_device_cache, should_reduce_batch_size
 
 from hypha.accelerate_executor.data import Batch
 from hypha.accelerate_executor.distributed import Ranks
-from hypha.accelerate_executor.errors import ExecutorError
-
-
-class NoLossError(ExecutorError):
-    """The model's forward returned no loss to train on."""
-
-
-class OutOfMemory(ExecutorError):
-    """A step does not fit in memory even in the smallest micro-batches."""
+from hypha.accelerate_executor.errors import NoLossError, OutOfMemory
 
 
 def loss_of(outputs: Any, input_names: Sequence[str]) -> torch.Tensor:

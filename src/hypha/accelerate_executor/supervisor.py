@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import IO
 
+from hypha.accelerate_executor.errors import EXIT_SIGNAL_BASE
+
 # The Hypha worker SIGKILLs 5 s after its SIGTERM, and a cancelled job should be gone in
 # 3: what a stopped child gets before everything left in its group is killed.
 GRACE_S = 2.5
@@ -32,12 +34,12 @@ TERMINATING = (signal.SIGTERM, signal.SIGINT)
 
 def exit_status(returncode: int) -> int:
     """Popen's returncode as a shell reports it: a death by signal N is 128 + N."""
-    return 128 - returncode if returncode < 0 else returncode
+    return EXIT_SIGNAL_BASE - returncode if returncode < 0 else returncode
 
 
 def signal_exit_status(signum: int) -> int:
     """What a process cancelled by `signum` exits with: 143 for SIGTERM, 130 for SIGINT."""
-    return 128 + signum
+    return EXIT_SIGNAL_BASE + signum
 
 
 class Interrupts:

@@ -18,7 +18,7 @@ from typing import BinaryIO, TypeGuard
 
 import torch
 
-from hypha.accelerate_executor.errors import ExecutorError
+from hypha.accelerate_executor.errors import TensorFileError
 
 _CODES = {
     "F64": "float64",
@@ -44,10 +44,6 @@ DTYPE_CODES = {getattr(torch, name): code for code, name in _CODES.items() if ha
 DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
 # A header this large would be a corrupt length field, not a model's worth of names.
 MAX_HEADER_BYTES = 100 << 20
-
-
-class TensorFileError(ExecutorError):
-    """A file is not the safetensors file it should be."""
 
 
 @dataclass(frozen=True)

@@ -22,10 +22,19 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
-from hypha.accelerate_executor.errors import ExecutorError, JobSpecError
+from hypha.accelerate_executor.cli import OneLineArgumentParser
+from hypha.accelerate_executor.errors import (
+    EXIT_FAILED,
+    EXIT_OK,
+    Cancelled,
+    HyphaError,
+    JobSpecError,
+    UsageError,
+)
 from hypha.accelerate_executor.job import Job, parse_job
+from hypha.accelerate_executor.supervisor import signal_exit_status
 
 if TYPE_CHECKING:
     import torch
@@ -39,11 +48,8 @@ if TYPE_CHECKING:
     from hypha.accelerate_executor.steps import MicroBatchedStep
     from hypha.accelerate_executor.sync import Synchroniser
 
+PROG = "hypha-executor"
 PSEUDO_GRADIENT_DTYPES = ("float32", "bfloat16")
-
-
-class Cancelled(BaseException):
-    """SIGTERM from the worker, or from a launcher passing it on."""
 
 
 def say(message: str) -> None:
@@ -335,15 +341,9 @@ def micro_batch_size(value: str) -> int | None:
     return int(value)
 
 
-class OneLineArgumentParser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        print(f"{self.prog}: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
 def parse_arguments(argv: list[str]) -> argparse.Namespace:
     parser = OneLineArgumentParser(
-        prog="hypha-executor", description="Run one Hypha DiLoCo training job over the Job Bridge."
+        prog=PROG, description="Run one Hypha DiLoCo training job over the Job Bridge."
     )
     parser.add_argument("--socket", required=True, type=Path, help="the Job Bridge's Unix socket")
     parser.add_argument("--work-dir", required=True, type=Path, help="the job's work dir")
@@ -368,7 +368,7 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
     )
     arguments = parser.parse_args(argv)
     if arguments.job is None:
-        parser.error("the job is missing: give --job, or set JOB_JSON")
+        raise UsageError("the job is missing: give --job, or set JOB_JSON")
     return arguments
 
 
@@ -380,8 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _on_sigterm)
     # DeepSpeed calls collectives that torch has deprecated, and the warning repeats every step.
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed")
-    arguments = parse_arguments(sys.argv[1:] if argv is None else argv)
     try:
+        arguments = parse_arguments(sys.argv[1:] if argv is None else argv)
         job = parse_job(arguments.job)
         if not arguments.work_dir.is_dir():
             raise JobSpecError(f"work dir {arguments.work_dir} does not exist")
@@ -392,25 +392,23 @@ def main(argv: list[str] | None = None) -> int:
             arguments.pseudo_gradient_dtype,
             arguments.micro_batch_size,
         ).run()
-    except Cancelled:
+    except Cancelled as exc:
         say("cancelled (SIGTERM)")
-        return 143
+        return exc.exit_code
     except KeyboardInterrupt:
         say("interrupted")
-        return 130
-    except JobSpecError as exc:
-        print(f"hypha-executor: bad job: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except ExecutorError as exc:
-        print(f"hypha-executor: {exc}", file=sys.stderr)
+        return signal_exit_status(signal.SIGINT)
+    except HyphaError as exc:
+        bad_job = "bad job: " if isinstance(exc, JobSpecError) else ""
+        print(f"{PROG}: {bad_job}{exc}", file=sys.stderr)
         return exc.exit_code
     except Exception as exc:  # a bug, or torch/transformers refusing the model: one line, still
         if os.environ.get("HYPHA_DEBUG"):
             traceback.print_exc()
         summary = " ".join(str(exc).split())[:500]
-        print(f"hypha-executor: failed: {type(exc).__name__}: {summary}", file=sys.stderr)
-        return 1
-    return 0
+        print(f"{PROG}: failed: {type(exc).__name__}: {summary}", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK
 
 
 if __name__ == "__main__":

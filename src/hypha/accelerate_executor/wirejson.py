@@ -22,6 +22,8 @@ from __future__ import annotations
 import re
 from typing import TypeAlias
 
+from hypha.accelerate_executor.errors import JsonError
+
 RECURSION_LIMIT = 128
 _U64_MAX = 2**64 - 1
 _I64_MIN = -(2**63)
@@ -43,10 +45,6 @@ class Obj:
 
 
 Value: TypeAlias = "bool | int | float | str | list[Value] | Obj | None"
-
-
-class JsonError(ValueError):
-    """Not JSON as serde_json reads it; the message names the problem and where."""
 
 
 class Reader:

@@ -16,21 +16,11 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from hypha.accelerate_executor.errors import Rejection
+
 MAX_BODY_BYTES = 2 * 1024 * 1024
 # A refused body up to this size is read and dropped; a larger one costs the connection.
 DRAIN_LIMIT_BYTES = 64 * 1024 * 1024
-
-
-class Rejection(Exception):
-    """A request refused before or at its route: status, body and its content type."""
-
-    def __init__(
-        self, status: int, body: str, content_type: str = "text/plain; charset=utf-8"
-    ) -> None:
-        super().__init__(body)
-        self.status = status
-        self.body = body.encode()
-        self.content_type = content_type
 
 
 def _refuse_constant(name: str) -> Any:

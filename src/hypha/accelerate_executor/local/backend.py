@@ -14,15 +14,6 @@ ErrorKind = Literal["network_error", "connector_error", "io_error"]
 ERROR_KINDS: tuple[ErrorKind, ...] = get_args(ErrorKind)
 
 
-class BackendError(Exception):
-    """A failure beyond the bridge; the bridge answers it with 500 and this kind."""
-
-    def __init__(self, kind: ErrorKind, detail: str) -> None:
-        super().__init__(detail)
-        self.kind: ErrorKind = kind
-        self.detail = detail
-
-
 @dataclass(frozen=True)
 class RemoteFile:
     """One file a fetch yields: its name under artifacts/ and the backend's handle to it."""

@@ -16,8 +16,9 @@ from urllib.parse import urlsplit
 
 from pydantic import TypeAdapter
 
+from hypha.accelerate_executor.errors import Rejection
 from hypha.accelerate_executor.local import wire
-from hypha.accelerate_executor.local.axum_body import Rejection, read_json, shaped
+from hypha.accelerate_executor.local.axum_body import read_json, shaped
 from hypha.accelerate_executor.local.serving import TracksConnections
 
 if TYPE_CHECKING:

@@ -21,9 +21,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
+from hypha.accelerate_executor.errors import BackendError, Rejection
 from hypha.accelerate_executor.local import wire
-from hypha.accelerate_executor.local.axum_body import Rejection
-from hypha.accelerate_executor.local.backend import BackendError, BridgeBackend, ErrorKind, Push
+from hypha.accelerate_executor.local.backend import BridgeBackend, ErrorKind, Push
 from hypha.accelerate_executor.local.bridge_http import UnixHTTPServer
 from hypha.accelerate_executor.local.output import warn
 from hypha.accelerate_executor.local.serving import AcceptLoop

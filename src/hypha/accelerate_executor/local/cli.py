@@ -15,8 +15,19 @@ import tempfile
 from pathlib import Path
 from types import FrameType
 
+from hypha.accelerate_executor.cli import OneLineArgumentParser
+from hypha.accelerate_executor.errors import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    HyphaError,
+    UsageError,
+)
 from hypha.accelerate_executor.local.jobs import JOB_KINDS
 from hypha.accelerate_executor.local.output import say
+from hypha.accelerate_executor.supervisor import signal_exit_status
+
+PROG = "hypha-accelerate local"
 
 
 def _owner(text: str) -> tuple[int, int]:
@@ -43,8 +54,8 @@ def _listen(text: str) -> tuple[str, int]:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}") from None
 
 
-def _run_options_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(add_help=False)
+def _run_options_parser() -> OneLineArgumentParser:
+    parser = OneLineArgumentParser(add_help=False)
     run = parser.add_argument_group("run (unset options take the job's defaults)")
     run.add_argument(
         "--job",
@@ -96,8 +107,8 @@ def _run_options_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _worker_options_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(add_help=False)
+def _worker_options_parser() -> OneLineArgumentParser:
+    parser = OneLineArgumentParser(add_help=False)
     worker = parser.add_argument_group("worker")
     worker.add_argument(
         "--executor",
@@ -128,9 +139,9 @@ def _worker_options_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="hypha-accelerate local",
+def _parser() -> OneLineArgumentParser:
+    parser = OneLineArgumentParser(
+        prog=PROG,
         description="Local stand-in for the Hypha side of the executor contract.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
@@ -187,28 +198,27 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
-    if getattr(args, "as_user", None) is not None and os.geteuid() != 0:
-        print(
-            "hypha-accelerate local: --as-user needs root (it plays a worker running as that user)",
-            file=sys.stderr,
-        )
-        return 2
     try:
+        args = _parser().parse_args(argv)
+        if getattr(args, "as_user", None) is not None and os.geteuid() != 0:
+            raise UsageError("--as-user needs root (it plays a worker running as that user)")
         if args.command == "worker":
             return _worker(args)
         return _with_run_options(args)
-    except ValueError as exc:
-        print(f"hypha-accelerate local: {exc}", file=sys.stderr)
-        return 2
+    except ValueError as exc:  # run options out of range
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except HyphaError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return exc.exit_code
     except OSError as exc:
         # Cache, output or work folders that cannot be written.
-        print(f"hypha-accelerate local: {exc}", file=sys.stderr)
-        return 1
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         # Before the run's own handlers are in place (e.g. while generating the assets).
-        print("hypha-accelerate local: interrupted", file=sys.stderr)
-        return 130
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return signal_exit_status(signal.SIGINT)
 
 
 def _with_run_options(args: argparse.Namespace) -> int:
@@ -230,15 +240,16 @@ def _with_run_options(args: argparse.Namespace) -> int:
         args.job, **{name: value for name, value in given.items() if value is not None}
     )
     if args.command == "demo":
+        from hypha.accelerate_executor.errors import WorkerError
         from hypha.accelerate_executor.local.demo import run_demo
-        from hypha.accelerate_executor.local.worker import WorkerError, executor_entry
+        from hypha.accelerate_executor.local.worker import executor_entry
 
         try:
             trust = args.trust_remote_code or options.job == "lenet"
             executor = executor_entry(args.executor, trust_remote_code=trust)
         except WorkerError as exc:
-            print(f"hypha-accelerate local: {exc}", file=sys.stderr)
-            return 2
+            print(f"{PROG}: {exc}", file=sys.stderr)
+            return EXIT_USAGE
         return run_demo(
             options,
             executor,
@@ -259,30 +270,23 @@ def _with_run_options(args: argparse.Namespace) -> int:
         coordinator = Coordinator(catalog, options, host=host, port=port)
     except OSError as exc:
         print(
-            f"hypha-accelerate local: cannot listen on {host}:{port}: {exc.strerror}",
+            f"{PROG}: cannot listen on {host}:{port}: {exc.strerror}",
             file=sys.stderr,
         )
-        return 1
+        return EXIT_FAILED
     with coordinator, cancel_on_signals(coordinator):
         say("coordinator", f"listening on {host}:{port}; waiting for {options.workers} workers")
         supervise(coordinator, coordinator.finished, args.timeout)
         # The report is written while still serving: lingering workers leave (and compose
         # ends the run) only once the coordinator is gone.
         passed = finish(coordinator.summary(), args.out, prefix="coordinator")
-    return 0 if passed else 1
+    return EXIT_OK if passed else EXIT_FAILED
 
 
 def _worker(args: argparse.Namespace) -> int:
-    from hypha.accelerate_executor.local.coordinator_client import (
-        CoordinatorClient,
-        CoordinatorError,
-    )
-    from hypha.accelerate_executor.local.worker import (
-        LocalWorker,
-        WorkerError,
-        executor_entry,
-        serve_one_job,
-    )
+    from hypha.accelerate_executor.errors import CoordinatorError, WorkerError
+    from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
+    from hypha.accelerate_executor.local.worker import LocalWorker, executor_entry, serve_one_job
 
     try:
         worker = LocalWorker(
@@ -296,8 +300,8 @@ def _worker(args: argparse.Namespace) -> int:
         client = CoordinatorClient(args.coordinator)
         client.wait_until_up(args.connect_timeout)
     except (WorkerError, CoordinatorError) as exc:
-        print(f"hypha-accelerate local worker: {exc}", file=sys.stderr)
-        return 2 if isinstance(exc, WorkerError) else 1
+        print(f"{PROG} worker: {exc}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(exc, WorkerError) else EXIT_FAILED
 
     def cancel(signum: int, frame: FrameType | None) -> None:
         say(args.name, f"{signal.Signals(signum).name}: cancelling the job")
@@ -308,8 +312,8 @@ def _worker(args: argparse.Namespace) -> int:
     try:
         exit_code = serve_one_job(client, worker)
     except (WorkerError, CoordinatorError) as exc:
-        print(f"hypha-accelerate local worker: {exc}", file=sys.stderr)
-        return 1
+        print(f"{PROG} worker: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     if args.linger:
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, lambda signum, frame: sys.exit(exit_code))

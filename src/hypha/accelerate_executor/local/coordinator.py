@@ -17,14 +17,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from hypha.accelerate_executor.errors import BackendError, ProgressError, Refusal
 from hypha.accelerate_executor.local.aggregation import Aggregation
-from hypha.accelerate_executor.local.backend import ERROR_KINDS, BackendError, Push, RemoteFile
-from hypha.accelerate_executor.local.data_service import Catalog, DataService, Refusal
+from hypha.accelerate_executor.local.backend import ERROR_KINDS, Push, RemoteFile
+from hypha.accelerate_executor.local.data_service import Catalog, DataService
 from hypha.accelerate_executor.local.jobs import RunOptions, job_spec, new_peer_id
 from hypha.accelerate_executor.local.output import say, warn
 from hypha.accelerate_executor.local.parameter_server import NesterovOuterOptimizer
 from hypha.accelerate_executor.local.records import RoundRecord, WorkerRecord
-from hypha.accelerate_executor.local.scheduler import BatchScheduler, SchedulerError, State
+from hypha.accelerate_executor.local.scheduler import BatchScheduler, State
 
 __all__ = ["Catalog", "Coordinator", "InProcessBackend", "Refusal", "RunOptions"]
 
@@ -166,7 +167,7 @@ class Coordinator:
             record = self._record(job_id)
             try:
                 return self._answer(record, progress, time.time())
-            except SchedulerError as exc:
+            except ProgressError as exc:
                 self._violation(record, str(exc))
                 return {"type": "Error"}
 

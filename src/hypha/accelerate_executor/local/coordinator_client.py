@@ -14,17 +14,8 @@ from urllib.parse import quote, urlsplit
 
 import urllib3
 
-from hypha.accelerate_executor.local.backend import (
-    ERROR_KINDS,
-    BackendError,
-    ErrorKind,
-    Push,
-    RemoteFile,
-)
-
-
-class CoordinatorError(Exception):
-    """The coordinator refused a request or could not be reached; one line for the user."""
+from hypha.accelerate_executor.errors import BackendError, CoordinatorError
+from hypha.accelerate_executor.local.backend import ERROR_KINDS, ErrorKind, Push, RemoteFile
 
 
 def _backend_error(status: int, raw: bytes) -> BackendError:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from hypha.accelerate_executor.local.data_service import Refusal
+from hypha.accelerate_executor.errors import Refusal
 from hypha.accelerate_executor.local.serving import AcceptLoop, TracksConnections
 
 if TYPE_CHECKING:

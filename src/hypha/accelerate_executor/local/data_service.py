@@ -15,17 +15,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from hypha.accelerate_executor.errors import Refusal
 from hypha.accelerate_executor.local.assets import Assets
-
-
-class Refusal(Exception):
-    """A request the coordinator refuses: the HTTP status, the error kind, one line."""
-
-    def __init__(self, status: int, kind: str, detail: str) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.kind = kind
-        self.detail = detail
 
 
 @dataclass(frozen=True)

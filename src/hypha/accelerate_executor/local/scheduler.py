@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from hypha.accelerate_executor.errors import ProgressError
+
 TIME_CAP_MS = 10_000
 STEPS_CAP = 3
 
@@ -103,10 +105,6 @@ class Tracked:
     state: State = State.TRAINING
 
 
-class SchedulerError(Exception):
-    """A progress message the scheduler answers with {"type": "Error"}."""
-
-
 class BatchScheduler:
     """The state machine of one job's DiLoCo rounds over its workers (by peer id).
 
@@ -146,7 +144,7 @@ class BatchScheduler:
         if tracked.state is State.UPDATE_SCHEDULED:
             return {"type": "Continue"}
         if tracked.state is not State.TRAINING:
-            raise SchedulerError(f"status while {tracked.state.value}")
+            raise ProgressError(f"status while {tracked.state.value}")
         peers = list(self._workers)
         projection = project(
             [self._workers[p].last_ms for p in peers],
@@ -187,5 +185,5 @@ class BatchScheduler:
     def _tracked(self, peer: str) -> Tracked:
         tracked = self._workers.get(peer)
         if tracked is None:
-            raise SchedulerError(f"no worker {peer} in this job")
+            raise ProgressError(f"no worker {peer} in this job")
         return tracked

@@ -23,10 +23,12 @@ from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from hypha.accelerate_executor.local.backend import BackendError, BridgeBackend
+from hypha.accelerate_executor.errors import BackendError, CoordinatorError, WorkerError
+from hypha.accelerate_executor.local.backend import BridgeBackend
 from hypha.accelerate_executor.local.bridge_server import BridgeServer
-from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient, CoordinatorError
+from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
 from hypha.accelerate_executor.local.output import say, warn
+from hypha.accelerate_executor.shim.worker_host import MAX_SOCKET_PATH_BYTES, console_script
 from hypha.accelerate_executor.supervisor import (
     Interrupts,
     StopPolicy,
@@ -36,15 +38,9 @@ from hypha.accelerate_executor.supervisor import (
 
 TOKENS = re.compile(r"\{(SOCKET_PATH|WORK_DIR|JOB_JSON)\}")
 EXECUTOR_ARGS = ("--socket", "{SOCKET_PATH}", "--work-dir", "{WORK_DIR}", "--job", "{JOB_JSON}")
-# sun_path holds 108 bytes including the terminating NUL.
-MAX_SOCKET_PATH_BYTES = 107
 # A Hypha worker signals only its direct child, SIGKILLs it 5 s later, and leaves what the
 # child started alone (protocol.md section 1): the local worker plays exactly that.
 HYPHA_WORKER_KILL_AFTER_S = 5.0
-
-
-class WorkerError(Exception):
-    """The worker could not run the job; one line for the user."""
 
 
 @dataclass(frozen=True)
@@ -70,13 +66,10 @@ def preset(name: str, *, trust_remote_code: bool = False) -> ExecutorEntry:
         )
     if name == "shim" or name.startswith("shim:"):
         variant = name.partition(":")[2] or "cpu"
-        # The console script beside this interpreter, for a venv that is not activated.
-        beside = Path(sys.executable).parent / "hypha-accelerate"
-        command = shutil.which("hypha-accelerate") or (
-            str(beside) if beside.is_file() else "hypha-accelerate"
-        )
         trust = ("--trust-remote-code",) if trust_remote_code else ()
-        return ExecutorEntry(command, ("run", "--variant", variant, *trust, *EXECUTOR_ARGS))
+        return ExecutorEntry(
+            console_script(), ("run", "--variant", variant, *trust, *EXECUTOR_ARGS)
+        )
     raise WorkerError(
         f"unknown executor preset {name!r}: use process, shim, shim:VARIANT or toml:PATH"
     )

@@ -6,7 +6,7 @@ import glob
 import os
 from typing import TYPE_CHECKING
 
-from hypha.accelerate_executor.shim.errors import EXIT_DOCKER, ShimError
+from hypha.accelerate_executor.errors import DockerError
 
 if TYPE_CHECKING:
     from docker import APIClient
@@ -22,11 +22,10 @@ def nvidia_runtime_present(api: APIClient) -> bool:
 
 def require_nvidia_runtime(api: APIClient, variant: str) -> None:
     if not nvidia_runtime_present(api):
-        raise ShimError(
+        raise DockerError(
             f"variant {variant} needs the NVIDIA container toolkit, but the Docker engine has no "
             "'nvidia' runtime; install nvidia-container-toolkit and run "
             "`nvidia-ctk runtime configure --runtime=docker`, then restart dockerd",
-            EXIT_DOCKER,
         )
 
 
@@ -39,10 +38,9 @@ def rocm_device_groups() -> list[str]:
     distributions). Numeric, because group names resolve inside the image, which may not
     have a `render` group; gid 0 is left out, it would hand the container root's group."""
     if not rocm_present():
-        raise ShimError(
+        raise DockerError(
             "variant rocm64 needs the AMD GPU kernel driver: /dev/kfd or /dev/dri is missing "
             "on this host",
-            EXIT_DOCKER,
         )
     nodes = ["/dev/kfd", *sorted(glob.glob("/dev/dri/renderD*"))]
     return [str(gid) for gid in sorted({os.stat(node).st_gid for node in nodes}) if gid != 0]

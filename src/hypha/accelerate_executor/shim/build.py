@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -29,17 +30,19 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 from hypha.accelerate_executor import __version__
-from hypha.accelerate_executor.shim.errors import EXIT_DOCKER, ShimError
+from hypha.accelerate_executor.cli import OneLineArgumentParser
+from hypha.accelerate_executor.errors import EXIT_OK, BuildError, DockerError, HyphaError, ShimError
 from hypha.accelerate_executor.shim.variants import CONTAINER_VARIANTS, HOST_VARIANT, image_tags
+from hypha.accelerate_executor.supervisor import signal_exit_status
 
 if TYPE_CHECKING:
     from docker import APIClient
 
+PROG = "hypha-accelerate build"
 OFFLINE_BASE_IMAGE = "hypha-accelerate-base:bookworm"
 DOCKERFILE = "docker/Dockerfile"
 # A build step may stay silent for minutes (pip installing torch): no HTTP read timeout.
 BUILD_TIMEOUT_S = 4 * 3600
-EXIT_BUILD = 1
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -128,8 +131,8 @@ def run_script(root: Path, script: str, *args: str) -> None:
     """Runs one of docker/'s helper scripts, its output going straight to ours."""
     print(f"running docker/{script} {' '.join(args)}".rstrip(), flush=True)
     if subprocess.run(["sh", str(root / "docker" / script), *args]).returncode != 0:
-        raise ShimError(
-            f"docker/{script} {' '.join(args)} failed (its message is above)", EXIT_BUILD
+        raise BuildError(
+            f"docker/{script} {' '.join(args)} failed (its message is above)",
         )
 
 
@@ -140,8 +143,8 @@ def ensure_base_image(api: APIClient, root: Path, image: str) -> None:
         api.inspect_image(image)
     except ImageNotFound:
         if image != OFFLINE_BASE_IMAGE:
-            raise ShimError(
-                f"base image {image} not found on the Docker engine", EXIT_DOCKER
+            raise DockerError(
+                f"base image {image} not found on the Docker engine",
             ) from None
         run_script(root, "make-base-image.sh", image)
 
@@ -225,9 +228,8 @@ class Progress:
         step = self.step.split(": ", 1)[0]
         # The builder repeats the whole RUN line; the step number names it already.
         error = re.sub(r"^The command '.*' returned", "the command returned", error, flags=re.S)
-        raise ShimError(
+        raise BuildError(
             f"build of {self.variant} failed at step {step}: {error}{hint} (full log: {self.log.name})",
-            EXIT_BUILD,
         )
 
 
@@ -268,8 +270,8 @@ def build_image(api: APIClient, root: Path, spec: ImageBuild) -> None:
         except APIError as exc:
             progress.fail(str(exc.explanation or exc))
         except (DockerException, RequestException) as exc:
-            raise ShimError(
-                f"build of {spec.variant}: lost the Docker engine: {root_cause(exc)}", EXIT_DOCKER
+            raise DockerError(
+                f"build of {spec.variant}: lost the Docker engine: {root_cause(exc)}",
             ) from None
         finally:
             context.close()
@@ -300,7 +302,7 @@ def build_bundle(root: Path, output: Path, offline: bool, wheelhouse: str | None
     done = subprocess.run([*pip, str(root)], capture_output=True, text=True)
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["pip gave no message"])[-1]
-        raise ShimError(f"building the project wheel for {HOST_VARIANT} failed: {last}", EXIT_BUILD)
+        raise BuildError(f"building the project wheel for {HOST_VARIANT} failed: {last}")
     pins = list(requirement_lines(root / "docker" / "requirements" / "mps.txt"))
     (output / "requirements.txt").write_text(
         "# Pinned for macOS arm64 (CPython 3.11), from docker/requirements/mps.txt.\n"
@@ -314,14 +316,9 @@ def build_bundle(root: Path, output: Path, offline: bool, wheelhouse: str | None
     print(f"build {HOST_VARIANT}: done: {output}", flush=True)
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise ShimError(f"{message} (see hypha-accelerate build --help)")
-
-
 def parser() -> argparse.ArgumentParser:
-    p = _Parser(
-        prog="hypha-accelerate build",
+    p = OneLineArgumentParser(
+        prog=PROG,
         description="Build the executor image of a variant (or all), or the mps-host bundle.",
     )
     p.add_argument(
@@ -403,10 +400,10 @@ def main(argv: list[str]) -> int:
                 revision=revision,
             )
             build_image(api, root, spec)
-    except ShimError as exc:
-        print(f"hypha-accelerate build: {exc}", file=sys.stderr)
+    except HyphaError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print("hypha-accelerate build: interrupted", file=sys.stderr)
-        return 130
-    return 0
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return signal_exit_status(signal.SIGINT)
+    return EXIT_OK

@@ -8,26 +8,27 @@ path out, and by the watchdog if this process is SIGKILLed.
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from hypha.accelerate_executor.shim.engine import explain, remove_container
-from hypha.accelerate_executor.shim.errors import EXIT_DOCKER, ShimError
-from hypha.accelerate_executor.shim.interrupts import Interrupts
-from hypha.accelerate_executor.shim.output import DRAIN_SECONDS, LineWriter
+from hypha.accelerate_executor.errors import DockerError
+from hypha.accelerate_executor.shim.engine import explain, gone_counts_as_done, remove_container
+from hypha.accelerate_executor.shim.output import LineWriter
 from hypha.accelerate_executor.shim.reaper import reap_stale
 from hypha.accelerate_executor.shim.spec import ContainerSpec
 from hypha.accelerate_executor.shim.watchdog import guard_container
+from hypha.accelerate_executor.supervisor import DRAIN_S, GRACE_S, Interrupts
 
 if TYPE_CHECKING:
     from docker import APIClient
 
-# The worker SIGKILLs 5 s after SIGTERM: the executor gets 3 s to end, then the engine kills
-# it, and the removal still fits.
-STOP_GRACE_SECONDS = 3
+# The supervisor's grace, in the whole seconds `docker stop` takes: the worker SIGKILLs 5 s
+# after SIGTERM, and the engine's kill and the removal still fit.
+STOP_GRACE_S = math.ceil(GRACE_S)
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ def run_container(api: APIClient, spec: ContainerSpec, interrupts: Interrupts) -
     try:
         container_id = api.create_container(**spec.create_kwargs(api))["Id"]
     except APIError as exc:
-        raise ShimError(f"cannot create the container: {explain(exc)}", EXIT_DOCKER) from None
+        raise DockerError(f"cannot create the container: {explain(exc)}") from None
     watchdog = guard_container(container_id)
     try:
         return _run_created(api, container_id, interrupts)
@@ -93,7 +94,7 @@ def run_container(api: APIClient, spec: ContainerSpec, interrupts: Interrupts) -
 
 
 def _run_created(api: APIClient, container_id: str, interrupts: Interrupts) -> Outcome:
-    from docker.errors import APIError, NotFound
+    from docker.errors import APIError
 
     try:
         stream = api.attach(
@@ -103,7 +104,7 @@ def _run_created(api: APIClient, container_id: str, interrupts: Interrupts) -> O
         pump.start()
         api.start(container_id)
     except APIError as exc:
-        raise ShimError(f"cannot start the container: {explain(exc)}", EXIT_DOCKER) from None
+        raise DockerError(f"cannot start the container: {explain(exc)}") from None
     waiter = _Waiter(api, container_id, interrupts)
     waiter.start()
     try:
@@ -114,18 +115,13 @@ def _run_created(api: APIClient, container_id: str, interrupts: Interrupts) -> O
         )
     interrupts.wait_for_end()
     if not interrupts.ended:
-        try:
-            # SIGTERM (through the container's init), STOP_GRACE_SECONDS, then SIGKILL.
-            api.stop(container_id, timeout=STOP_GRACE_SECONDS)
-        except NotFound:
-            pass
-        except APIError as exc:
-            if exc.status_code != 409:
-                raise
+        with gone_counts_as_done():
+            # SIGTERM (through the container's init), STOP_GRACE_S, then SIGKILL.
+            api.stop(container_id, timeout=STOP_GRACE_S)
         waiter.join()
-    pump.join(DRAIN_SECONDS)
+    pump.join(DRAIN_S)
     if waiter.result is None:
-        raise ShimError(f"lost the container while waiting for it: {waiter.error}", EXIT_DOCKER)
+        raise DockerError(f"lost the container while waiting for it: {waiter.error}")
     exit_code = int(waiter.result.get("StatusCode", 1))
     oom_killed = False
     if exit_code != 0:

@@ -21,21 +21,20 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from hypha.accelerate_executor import __version__
-from hypha.accelerate_executor.shim.errors import ArgumentParser, ShimError
+from hypha.accelerate_executor.cli import OneLineArgumentParser
+from hypha.accelerate_executor.errors import EXIT_FAILED, EXIT_OK, HyphaError, ShimError
 from hypha.accelerate_executor.shim.variants import (
     CONTAINER_VARIANTS,
     NVIDIA_VARIANTS,
     build_command,
     image_tags,
 )
+from hypha.accelerate_executor.shim.worker_host import MAX_SOCKET_PATH_BYTES, SOCKET_SUFFIX_BYTES
 
 if TYPE_CHECKING:
     from docker import APIClient
 
 PROG = "hypha-accelerate doctor"
-# sun_path holds 108 bytes with its NUL; the worker's socket is BASE/hypha-<uuid>/bridge.sock.
-MAX_SOCKET_PATH = 107
-SOCKET_SUFFIX = len("/hypha-00000000-0000-0000-0000-000000000000/bridge.sock")
 
 
 @dataclass(frozen=True)
@@ -119,10 +118,12 @@ def check_work_dir_base(base: str) -> Check:
     where = f"{base}: owner {st.st_uid}:{st.st_gid}, mode {stat.S_IMODE(st.st_mode):o}"
     if not os.access(base, os.W_OK | os.X_OK):
         return Check(name, "FAIL", f"{where}; {me} cannot create work dirs in it")
-    socket_length = len(os.fsencode(os.path.abspath(base))) + SOCKET_SUFFIX
-    if socket_length > MAX_SOCKET_PATH:
+    socket_length = len(os.fsencode(os.path.abspath(base))) + SOCKET_SUFFIX_BYTES
+    if socket_length > MAX_SOCKET_PATH_BYTES:
         return Check(
-            name, "FAIL", f"{where}; its bridge sockets would be {socket_length} bytes, over 107"
+            name,
+            "FAIL",
+            f"{where}; its bridge sockets would be {socket_length} bytes, over {MAX_SOCKET_PATH_BYTES}",
         )
     if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
         return Check(name, "warn", f"{where}; world-writable without the sticky bit")
@@ -199,7 +200,7 @@ def table(checks: list[Check]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    p = ArgumentParser(prog=PROG, description="Check that this host can run the executor.")
+    p = OneLineArgumentParser(prog=PROG, description="Check that this host can run the executor.")
     p.add_argument(
         "--work-dir-base",
         default=tempfile.gettempdir(),
@@ -213,7 +214,7 @@ def main(argv: list[str]) -> int:
     )
     try:
         args = p.parse_args(argv)
-    except ShimError as exc:
+    except HyphaError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return exc.exit_code
     checks = run_checks(args.work_dir_base, args.image)
@@ -223,6 +224,6 @@ def main(argv: list[str]) -> int:
             c.name.removeprefix("image ") for c in checks if c.name.startswith("image ") and c.ok
         ]
         print(f"verdict: the cpu path works; images here: {', '.join(present)}")
-        return 0
+        return EXIT_OK
     print("verdict: the cpu path does not work here (see above)")
-    return 1
+    return EXIT_FAILED

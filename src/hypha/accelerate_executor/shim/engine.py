@@ -7,9 +7,11 @@ each container they touch, which costs a round trip per call on the start-up pat
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from hypha.accelerate_executor.shim.errors import EXIT_DOCKER, ShimError
+from hypha.accelerate_executor.errors import DockerError
 from hypha.accelerate_executor.shim.variants import build_command, image_tags
 
 if TYPE_CHECKING:
@@ -28,18 +30,16 @@ def connect() -> APIClient:
         import docker
         from docker.errors import DockerException
     except ImportError:
-        raise ShimError(
+        raise DockerError(
             "docker-py is not installed: pip install 'hypha-accelerate-executor[shim]'",
-            EXIT_DOCKER,
         ) from None
 
     try:
         return docker.APIClient(version="auto", **docker.utils.kwargs_from_env())
     except DockerException as exc:
-        raise ShimError(
+        raise DockerError(
             f"cannot reach the Docker engine at {engine_address()}: {root_cause(exc)} "
             "(is dockerd running, and may this user use its socket?)",
-            EXIT_DOCKER,
         ) from None
 
 
@@ -70,22 +70,27 @@ def find_image(api: APIClient, variant: str, override: str | None) -> str:
             continue
         return name
     if override:
-        raise ShimError(f"image {override} not found on the Docker engine", EXIT_DOCKER)
+        raise DockerError(f"image {override} not found on the Docker engine")
     versioned, moving = image_tags(variant)
-    raise ShimError(
+    raise DockerError(
         f"image {versioned} not found (nor {moving}); build it with `{build_command(variant)}`",
-        EXIT_DOCKER,
     )
 
 
-def remove_container(api: APIClient, container_id: str) -> None:
-    """Force-removes a container; one already gone (404) or being removed (409) counts as done."""
-    from docker.errors import APIError, NotFound
+@contextmanager
+def gone_counts_as_done() -> Iterator[None]:
+    """A container already gone (404), or already being removed or stopped (409), is one the
+    call in this block need not act on."""
+    from docker.errors import APIError
 
     try:
-        api.remove_container(container_id, force=True)
-    except NotFound:
-        pass
+        yield
     except APIError as exc:
-        if exc.status_code != 409:
+        if exc.status_code not in (404, 409):
             raise
+
+
+def remove_container(api: APIClient, container_id: str) -> None:
+    """Force-removes a container; one already gone or being removed counts as done."""
+    with gone_counts_as_done():
+        api.remove_container(container_id, force=True)

@@ -22,7 +22,7 @@ import os
 import sys
 from pathlib import Path
 
-from hypha.accelerate_executor.shim.errors import EXIT_DOCKER, EXIT_USAGE, ShimError
+from hypha.accelerate_executor.errors import DockerError, ShimError
 from hypha.accelerate_executor.shim.output import LineWriter
 from hypha.accelerate_executor.shim.variants import HOST_VARIANT, build_command
 from hypha.accelerate_executor.shim.watchdog import guard_process_group
@@ -42,9 +42,8 @@ def cache_dir() -> Path:
 class Bundle:
     def __init__(self, folder: Path) -> None:
         if not folder.is_dir():
-            raise ShimError(
+            raise DockerError(
                 f"no {HOST_VARIANT} bundle at {folder}; `{build_command(HOST_VARIANT)}` makes one",
-                EXIT_DOCKER,
             )
         self.folder = folder
         self.launcher = folder / LAUNCHER
@@ -60,10 +59,9 @@ class Bundle:
             if not present
         ]
         if missing:
-            raise ShimError(
+            raise DockerError(
                 f"{folder} is not an {HOST_VARIANT} bundle: no {', '.join(missing)} "
                 f"(`{build_command(HOST_VARIANT)}` makes one)",
-                EXIT_DOCKER,
             )
 
     def venv_dir(self) -> Path:
@@ -97,7 +95,6 @@ def run_bundle(
         raise ShimError(
             f"{HOST_VARIANT} needs --bundle DIR (or HYPHA_ACCELERATE_BUNDLE): the folder "
             f"`{build_command(HOST_VARIANT)}` made",
-            EXIT_USAGE,
         )
     bundle = Bundle(Path(folder))
     venv = bundle.venv_dir()

@@ -13,7 +13,7 @@ import socket
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from hypha.accelerate_executor.shim.errors import EXIT_DOCKER, ShimError
+from hypha.accelerate_executor.errors import DockerError
 
 if TYPE_CHECKING:
     from docker import APIClient
@@ -51,20 +51,18 @@ def translate(work_dir: str, mounts: Iterable[Mapping[str, Any]]) -> str:
     """The host path of `work_dir`, through the innermost mount whose destination holds it."""
     holding = [m for m in mounts if _contains(str(m.get("Destination", "")), work_dir)]
     if not holding:
-        raise ShimError(
+        raise DockerError(
             f"work dir {work_dir} is on no mount of the shim's container, so no other container "
             "can see it; bind-mount the worker's work dir base into the shim's container",
-            EXIT_DOCKER,
         )
     mount = max(holding, key=lambda m: len(str(m["Destination"])))
     shareable = mount.get("Type") == "bind" or (
         mount.get("Type") == "volume" and mount.get("Driver", "local") == "local"
     )
     if not shareable or not mount.get("Source"):
-        raise ShimError(
+        raise DockerError(
             f"work dir {work_dir} is on a {mount.get('Type')} mount of the shim's container, "
             "which another container cannot mount; use a bind mount for the work dir base",
-            EXIT_DOCKER,
         )
     rest = work_dir[len(str(mount["Destination"]).rstrip("/")) :]
     return str(mount["Source"]).rstrip("/") + rest

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from hypha.accelerate_executor.shim.errors import EXIT_USAGE, ShimError
+from hypha.accelerate_executor.errors import ShimError
 
 JOB_FILE = ".hypha-job.json"
 
@@ -18,7 +18,7 @@ def write_job_file(work_dir: str, data: bytes, uid: int, gid: int) -> str:
         # O_NOFOLLOW: a symlink planted in the work dir must not redirect the write.
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     except OSError as exc:
-        raise ShimError(f"cannot write the job file {path}: {exc.strerror}", EXIT_USAGE) from None
+        raise ShimError(f"cannot write the job file {path}: {exc.strerror}") from None
     try:
         os.fchmod(fd, 0o600)  # a file that was there keeps its mode through O_TRUNC
         owner = os.fstat(fd)
@@ -29,7 +29,6 @@ def write_job_file(work_dir: str, data: bytes, uid: int, gid: int) -> str:
                 raise ShimError(
                     f"cannot hand the job file to uid:gid {uid}:{gid}: the shim runs as uid "
                     f"{os.geteuid()}; run it as the worker's user (or as root)",
-                    EXIT_USAGE,
                 ) from None
         while data:
             data = data[os.write(fd, data) :]

@@ -11,9 +11,6 @@ from __future__ import annotations
 import codecs
 import os
 
-# After the child's exit, how long its last lines may take to arrive: a grandchild that
-# still holds the stream must not keep the shim from exiting.
-DRAIN_SECONDS = 2.0
 # A child that never writes a newline (a progress bar on '\r') still gets its output out.
 MAX_LINE_CHARS = 64 * 1024
 

@@ -28,14 +28,15 @@ import stat
 import sys
 from collections.abc import Callable
 
-from hypha.accelerate_executor.shim.errors import EXIT_USAGE, ArgumentParser, ShimError
-from hypha.accelerate_executor.shim.interrupts import Interrupts
+from hypha.accelerate_executor.cli import OneLineArgumentParser
+from hypha.accelerate_executor.errors import EXIT_FAILED, HyphaError, ShimError
 from hypha.accelerate_executor.shim.variants import (
     GPU_VARIANTS,
     HOST_VARIANT,
     NVIDIA_VARIANTS,
     VARIANTS,
 )
+from hypha.accelerate_executor.supervisor import Interrupts
 
 PROG = "hypha-accelerate run"
 _SIZE = re.compile(r"\d+(\.\d+)?[bkmgBKMG]?")
@@ -60,7 +61,9 @@ def _positive(value: str) -> int:
 
 def parser() -> argparse.ArgumentParser:
     size = pattern_arg(_SIZE, "a size like 8g")
-    p = ArgumentParser(prog=PROG, description="Run one Hypha job's executor container (or bundle).")
+    p = OneLineArgumentParser(
+        prog=PROG, description="Run one Hypha job's executor container (or bundle)."
+    )
     p.add_argument("--variant", required=True, choices=VARIANTS)
     p.add_argument("--socket", required=True, help="the job bridge's socket, inside WORK_DIR")
     p.add_argument("--work-dir", required=True, help="the job's work directory")
@@ -125,29 +128,27 @@ def _check_combinations(args: argparse.Namespace) -> None:
         if given:
             raise ShimError(
                 f"{', '.join(given)} apply to containers; {HOST_VARIANT} runs on the host",
-                EXIT_USAGE,
             )
     elif args.bundle:
-        raise ShimError(f"--bundle applies to {HOST_VARIANT} only", EXIT_USAGE)
+        raise ShimError(f"--bundle applies to {HOST_VARIANT} only")
     if args.gpus and args.variant not in GPU_VARIANTS:
-        raise ShimError(f"--gpus applies to {', '.join(GPU_VARIANTS)}", EXIT_USAGE)
+        raise ShimError(f"--gpus applies to {', '.join(GPU_VARIANTS)}")
 
 
 def _check_paths(work_dir: str, socket: str) -> None:
     if not os.path.isdir(work_dir):
-        raise ShimError(f"work dir {work_dir} does not exist or is not a directory", EXIT_USAGE)
+        raise ShimError(f"work dir {work_dir} does not exist or is not a directory")
     try:
         mode = os.stat(socket).st_mode
     except FileNotFoundError:
         raise ShimError(
-            f"socket {socket} does not exist (the worker serves the job bridge there)", EXIT_USAGE
+            f"socket {socket} does not exist (the worker serves the job bridge there)",
         ) from None
     if not stat.S_ISSOCK(mode):
-        raise ShimError(f"socket {socket} is not a Unix socket", EXIT_USAGE)
+        raise ShimError(f"socket {socket} is not a Unix socket")
     if os.path.commonpath([work_dir, socket]) != work_dir:
         raise ShimError(
             f"socket {socket} is outside work dir {work_dir}; only the work dir is mounted",
-            EXIT_USAGE,
         )
 
 
@@ -170,12 +171,12 @@ def run(args: argparse.Namespace, interrupts: Interrupts) -> int:
     socket = os.path.abspath(args.socket)
     _check_paths(work_dir, socket)
     if args.job is None:
-        raise ShimError("the job is missing: give --job, or set JOB_JSON", EXIT_USAGE)
+        raise ShimError("the job is missing: give --job, or set JOB_JSON")
     try:
         data = job_bytes(args.job)
         job = parse_job_bytes(data)
     except JobSpecError as exc:
-        raise ShimError(f"bad job: {exc}", EXIT_USAGE) from None
+        raise ShimError(f"bad job: {exc}") from None
     uid, gid = _owner(work_dir, args.user)
     job_path = write_job_file(work_dir, data, uid, gid)
     command = launcher_args(
@@ -275,11 +276,11 @@ def main(argv: list[str]) -> int:
         args = parser().parse_args(argv)
         interrupts = Interrupts()
         return run(args, interrupts)
-    except ShimError as exc:
+    except HyphaError as exc:
         _say(str(exc))
         return exc.exit_code
     except Exception as exc:  # a bug or an engine answer nobody foresaw: still one line
         from hypha.accelerate_executor.shim.engine import root_cause
 
         _say(f"unexpected {type(exc).__name__}: {' '.join(root_cause(exc).split())}")
-        return 1
+        return EXIT_FAILED

@@ -12,11 +12,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
-from pathlib import Path
 
-from hypha.accelerate_executor.shim.errors import EXIT_USAGE, ArgumentParser, ShimError
+from hypha.accelerate_executor.cli import OneLineArgumentParser
+from hypha.accelerate_executor.errors import EXIT_OK, HyphaError, ShimError
 from hypha.accelerate_executor.shim.run import USER_PATTERN, pattern_arg
 from hypha.accelerate_executor.shim.spec import (
     LABEL_VARIANT,
@@ -31,6 +30,7 @@ from hypha.accelerate_executor.shim.variants import (
     VARIANTS,
     image_tags,
 )
+from hypha.accelerate_executor.shim.worker_host import console_script
 
 PROG = "hypha-accelerate worker-config"
 # No {JOB_JSON}: the worker also exports the job as JOB_JSON, which the shim and the
@@ -54,7 +54,7 @@ DOCKER_NOTE = """\
 
 
 def parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(prog=PROG, description="Print worker TOML [[executors]] entries.")
+    p = OneLineArgumentParser(prog=PROG, description="Print worker TOML [[executors]] entries.")
     p.add_argument("--variant", required=True, choices=VARIANTS)
     p.add_argument("--mode", choices=["shim", "docker", "both"], default="both")
     p.add_argument(
@@ -83,20 +83,12 @@ def _toml_array(args: list[str]) -> str:
     return f"[\n{body}]"
 
 
-def _shim_command() -> str:
-    """The console script beside this interpreter: the worker's PATH may not have it."""
-    beside = Path(sys.executable).parent / "hypha-accelerate"
-    return (
-        str(beside) if beside.is_file() else shutil.which("hypha-accelerate") or "hypha-accelerate"
-    )
-
-
 def shim_entry(variant: str, bundle: str | None) -> str:
     args = ["run", "--variant", variant]
     if bundle:
         args += ["--bundle", bundle]
     args += launcher_args(*TOKENS)
-    return f"{SHIM_NOTE}\n[[executors]]\n{ENTRY_HEAD}cmd = {json.dumps(_shim_command())}\nargs = {_toml_array(args)}\n"
+    return f"{SHIM_NOTE}\n[[executors]]\n{ENTRY_HEAD}cmd = {json.dumps(console_script())}\nargs = {_toml_array(args)}\n"
 
 
 def _rocm_groups() -> tuple[list[str], str]:
@@ -142,17 +134,16 @@ def docker_entry(variant: str, user: str) -> str:
 def render(variant: str, mode: str, user: str, bundle: str | None) -> str:
     if variant == HOST_VARIANT:
         if mode == "docker":
-            raise ShimError(f"{HOST_VARIANT} is not a container: use --mode shim", EXIT_USAGE)
+            raise ShimError(f"{HOST_VARIANT} is not a container: use --mode shim")
         if not bundle:
             raise ShimError(
                 f"{HOST_VARIANT} needs --bundle DIR, the folder `hypha-accelerate build "
                 f"{HOST_VARIANT}` made",
-                EXIT_USAGE,
             )
         bundle = os.path.abspath(bundle)
         mode = "shim"
     elif bundle:
-        raise ShimError(f"--bundle applies to {HOST_VARIANT} only", EXIT_USAGE)
+        raise ShimError(f"--bundle applies to {HOST_VARIANT} only")
     parts = [
         f"# Hypha worker executor entries: hypha-accelerate executor, variant {variant}.\n"
         "# The worker replaces {SOCKET_PATH} and {WORK_DIR} in every argument and exports the\n"
@@ -172,7 +163,7 @@ def main(argv: list[str]) -> int:
         args = parser().parse_args(argv)
         user = args.user or f"{os.getuid()}:{os.getgid()}"
         print(render(args.variant, args.mode, user, args.bundle), end="")
-    except ShimError as exc:
+    except HyphaError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return exc.exit_code
-    return 0
+    return EXIT_OK
