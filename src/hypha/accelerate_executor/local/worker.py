@@ -35,7 +35,9 @@ from hypha.accelerate_executor.supervisor import (
 )
 
 TOKENS = re.compile(r"\{(SOCKET_PATH|WORK_DIR|JOB_JSON)\}")
-EXECUTOR_ARGS = ("--socket", "{SOCKET_PATH}", "--work-dir", "{WORK_DIR}", "--job", "{JOB_JSON}")
+# No `--job {JOB_JSON}`: the job reaches the executor as JOB_JSON in its environment, as
+# worker-config's entries have it (a command line is readable by every local user).
+EXECUTOR_ARGS = ("--socket", "{SOCKET_PATH}", "--work-dir", "{WORK_DIR}")
 # sun_path holds 108 bytes including the terminating NUL.
 MAX_SOCKET_PATH_BYTES = 107
 # A Hypha worker signals only its direct child, SIGKILLs it 5 s later, and leaves what the
