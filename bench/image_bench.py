@@ -95,7 +95,7 @@ def container_entry(image: str, owner: tuple[int, int] | None) -> ExecutorEntry:
     return ExecutorEntry(
         "docker",
         ("run", "--rm", "--user", f"{uid}:{gid}", *HARDENING,
-         "--volume", "{WORK_DIR}:{WORK_DIR}", image, *EXECUTOR_ARGS),
+         "--env", "JOB_JSON", "--volume", "{WORK_DIR}:{WORK_DIR}", image, *EXECUTOR_ARGS),
     )  # fmt: skip
 
 

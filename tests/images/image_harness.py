@@ -83,6 +83,9 @@ def docker_entry(image: str, *launcher_args: str) -> ExecutorEntry:
             "--user",
             ARBITRARY_USER,
             *HARDENED,
+            # The worker exports the job as JOB_JSON; docker passes it on by name.
+            "--env",
+            "JOB_JSON",
             "--volume",
             "{WORK_DIR}:{WORK_DIR}",
             image,

@@ -146,3 +146,26 @@ def test_a_departed_workers_slices_go_to_others():
     tracker.forget("p1")
     assert tracker.next("p3") == 0
     assert [tracker.next(p) for p in ("p2", "p3", "p2", "p3")] == [1, 2, 3, 4]
+
+
+def test_statuses_in_flight_past_schedule_update_are_overshoot_not_violations(make_coordinator):
+    """Statuses go out concurrently (up to 8 in flight): those the scheduler handles after
+    its ScheduleUpdate get Continue, as upstream answers them, and count as overshoot in the
+    summary; a status while the update is in flight is an Error, as upstream's."""
+    clock = Clock()
+    coordinator = make_coordinator(clock=clock, workers=1, rounds=1, steps_per_round=2)
+    job = coordinator.assign_job("w1")["job_id"]
+    status = {"status": {"batch_size": 8}}
+    answers = []
+    for _ in range(4):
+        clock.advance_ms(100)
+        answers.append(coordinator.status(job, status))
+    assert answers == [{"type": "ScheduleUpdate", "counter": 1}] + [{"type": "Continue"}] * 3
+    metrics = {"metrics": {"round": 1, "metrics": {"loss": 1.0, "batches": 4.0}}}
+    assert coordinator.status(job, metrics) == {"type": "Ok"}
+    assert coordinator.status(job, "update") == {"type": "Ok"}
+    record = coordinator.summary()["workers"]["w1"]
+    assert (record["overshoot"], record["violations"]) == (2, [])
+    assert record["batches_reported"] == record["batches_trained"] == 4
+    assert coordinator.status(job, status) == {"type": "Error"}
+    assert coordinator.summary()["workers"]["w1"]["violations"] == ["status while updating"]

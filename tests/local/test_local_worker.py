@@ -232,9 +232,7 @@ def test_executor_entries_from_presets_and_toml(tmp_path):
         "{SOCKET_PATH}",
         "--work-dir",
         "{WORK_DIR}",
-        "--job",
-        "{JOB_JSON}",
-    )
+    )  # the job comes as JOB_JSON in the environment, as the worker exports it
     shim = executor_entry("shim")
     assert shim.cmd.endswith("hypha-accelerate")
     assert shim.args[:3] == ("run", "--variant", "cpu")

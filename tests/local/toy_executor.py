@@ -2,7 +2,7 @@
 
 Not the project's executor (that is hypha.accelerate_executor.training): just enough of
 one to prove the stand-in end to end without it. Usage, as a worker spawns it:
-    python toy_executor.py --socket S --work-dir W --job JSON|@path
+    python toy_executor.py --socket S --work-dir W [--job JSON|@path]  (default: $JOB_JSON)
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
 import queue
 import socket
 import threading
@@ -75,8 +76,11 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--socket", required=True)
     parser.add_argument("--work-dir", type=Path, required=True)
-    parser.add_argument("--job", required=True)
+    # The worker exports the job as JOB_JSON; --job is for hand use.
+    parser.add_argument("--job", default=os.environ.get("JOB_JSON"))
     args = parser.parse_args()
+    if not args.job:
+        parser.error("the job is missing: give --job, or set JOB_JSON")
     job = json.loads(Path(args.job[1:]).read_text() if args.job.startswith("@") else args.job)
     config = job["executor"]["config"]
     torch.set_num_threads(1)

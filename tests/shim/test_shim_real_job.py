@@ -1,8 +1,9 @@
 """Real jobs: the cpu image and the executor against the local stand-in of the Hypha side,
-started through the shim (the `shim` preset) and through worker-config's docker entry."""
+started through the shim (the `shim` preset) and through worker-config's entries."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import tempfile
 import threading
@@ -176,3 +177,47 @@ def test_no_token_in_any_process_list_during_a_real_job(
     )
     assert any("hypha.accelerate_executor.training" in line for line in seen)
     print("\n".join(sorted(set(seen))))
+
+
+def test_default_hypha_job_through_worker_configs_shim_entry(
+    cpu_image: str, job_base: Path, tmp_path: Path, docker_api: Any
+) -> None:
+    """Upstream's default job (LeNet remote code, an image preprocessor, batch 600 over
+    1000-sample slices) on two workers, each running worker-config's cpu entry as printed."""
+    from hypha.accelerate_executor.local.coordinator import RunOptions
+    from hypha.accelerate_executor.local.demo import run_demo
+    from hypha.accelerate_executor.local.worker import executor_entry
+
+    config = tmp_path / "worker.toml"
+    printed = subprocess.run(
+        shim_command("worker-config", "--variant", "cpu"),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    config.write_text(printed.stdout)
+    out = tmp_path / "out"
+    code = run_demo(
+        RunOptions.for_job("lenet", workers=2),
+        executor_entry(f"toml:{config}"),
+        out_dir=out,
+        work_base=job_base,
+        owner=(WORKER_UID, WORKER_GID),
+        timeout_s=600,
+    )
+    summary = json.loads((out / "summary.json").read_text())
+    assert code == 0, summary["reasons"]
+    assert summary["loss_ratio"] <= 0.6
+    for worker in summary["workers"].values():
+        assert worker["violations"] == [] and worker["leaks"] == []
+        assert worker["rounds_completed"] == 6
+        # Every status is one batch of the worker's 600 samples, and the executor trained
+        # exactly the batches it reported.
+        assert worker["batches_trained"] == worker["batches_reported"]
+        assert all(round_["samples"] == 600 * round_["batches"] for round_ in worker["rounds"])
+    assert containers_under(docker_api, job_base) == []
+    # The figures for the record: loss per round, samples/s, reported vs trained, overshoot.
+    print(json.dumps({"rounds": summary["rounds"], "workers": {
+        name: {key: worker[key] for key in (
+            "samples_per_s", "batches_reported", "batches_trained", "overshoot", "slices_repeated")}
+        for name, worker in summary["workers"].items()}}, indent=1))  # fmt: skip

@@ -19,7 +19,7 @@ from pydantic import TypeAdapter
 from hypha.accelerate_executor.errors import Rejection
 from hypha.accelerate_executor.local import wire
 from hypha.accelerate_executor.local.axum_body import read_json, shaped
-from hypha.accelerate_executor.local.serving import TracksConnections
+from hypha.accelerate_executor.local.serving import LISTEN_BACKLOG, TracksConnections
 
 if TYPE_CHECKING:
     from hypha.accelerate_executor.local.bridge_server import BridgeServer
@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 class UnixHTTPServer(TracksConnections, socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
     block_on_close = False
+    # Statuses sent concurrently connect at once; a full Unix-socket backlog refuses EAGAIN.
+    request_queue_size = LISTEN_BACKLOG
 
     def __init__(self, path: str, bridge: BridgeServer) -> None:
         super().__init__(path, _Handler, bind_and_activate=False)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from hypha.accelerate_executor.errors import Refusal
-from hypha.accelerate_executor.local.serving import AcceptLoop, TracksConnections
+from hypha.accelerate_executor.local.serving import LISTEN_BACKLOG, AcceptLoop, TracksConnections
 
 if TYPE_CHECKING:
     from hypha.accelerate_executor.local.coordinator import Coordinator
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 class CoordinatorServer(TracksConnections, ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = LISTEN_BACKLOG  # every worker's bridge forwards statuses at once
 
     def __init__(self, address: tuple[str, int], coordinator: Coordinator) -> None:
         super().__init__(address, _Handler)

@@ -12,6 +12,10 @@ from typing import Any
 
 from hypha.accelerate_executor.local.output import warn
 
+# Both servers' listen backlog: what tokio's listeners use (mio listens with 1024), where
+# socketserver's default of 5 would refuse a burst of concurrent statuses.
+LISTEN_BACKLOG = 1024
+
 
 class TracksConnections(socketserver.BaseServer):
     """Mixed into a threading socketserver: remembers the connections it has open, because

@@ -37,7 +37,9 @@ from hypha.accelerate_executor.supervisor import (
 )
 
 TOKENS = re.compile(r"\{(SOCKET_PATH|WORK_DIR|JOB_JSON)\}")
-EXECUTOR_ARGS = ("--socket", "{SOCKET_PATH}", "--work-dir", "{WORK_DIR}", "--job", "{JOB_JSON}")
+# No `--job {JOB_JSON}`: the job reaches the executor as JOB_JSON in its environment, as
+# worker-config's entries have it (a command line is readable by every local user).
+EXECUTOR_ARGS = ("--socket", "{SOCKET_PATH}", "--work-dir", "{WORK_DIR}")
 # A Hypha worker signals only its direct child, SIGKILLs it 5 s later, and leaves what the
 # child started alone (protocol.md section 1): the local worker plays exactly that.
 HYPHA_WORKER_KILL_AFTER_S = 5.0
