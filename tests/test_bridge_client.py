@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import socketserver
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -19,6 +18,7 @@ from hypha.accelerate_executor import bridge
 from hypha.accelerate_executor.bridge import BridgeClient
 from hypha.accelerate_executor.errors import BridgeError, BridgeGoneError, UnsafePathError
 from hypha.accelerate_executor.job import PeersReference, SchedulerReference
+from unix_http import QuietHandler, serving
 
 Reply = tuple[int, str, bytes]  # status, content type, body
 PEERS = PeersReference.model_validate({"type": "peers", "peers": [], "strategy": {"type": "All"}})
@@ -26,38 +26,11 @@ SLICE = SchedulerReference(type="scheduler", peer="12D3KooWsched", dataset="d")
 CAUSAL_LM = Path(__file__).parent / "data" / "job-causal-lm.json"
 
 
-class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
-
-
-class _QuietHandler(BaseHTTPRequestHandler):
-    def reply(self, status: int, kind: str, payload: bytes) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
 def serve_unix(tmp_path: Path) -> Iterator[Callable[[type[BaseHTTPRequestHandler]], Path]]:
     """Serves a handler class on a real Unix socket in tmp_path until the test ends."""
-    servers: list[_Server] = []
-
-    def serve(handler: type[BaseHTTPRequestHandler]) -> Path:
-        socket_path = tmp_path / "bridge.sock"
-        server = _Server(str(socket_path), handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        return socket_path
-
-    yield serve
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+    with ExitStack() as servers:
+        yield lambda handler: servers.enter_context(serving(tmp_path / "bridge.sock", handler))
 
 
 @pytest.fixture
@@ -67,7 +40,7 @@ def scripted_bridge(
     """A bridge whose answers a test scripts: answer(route, body) -> (status, type, body)."""
 
     def start(answer: Callable[[str, bytes], Reply]) -> Path:
-        class Handler(_QuietHandler):
+        class Handler(QuietHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 self.reply(*answer(self.path, body))
@@ -93,7 +66,7 @@ def kept_alive_bridge(
     def start(hang_up: bool) -> tuple[Path, Seen]:
         seen = Seen()
 
-        class Handler(_QuietHandler):
+        class Handler(QuietHandler):
             protocol_version = "HTTP/1.1"
 
             def setup(self) -> None:

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import json
-import socketserver
-import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -26,6 +22,7 @@ from hypha.accelerate_executor.data import (
 from hypha.accelerate_executor.errors import DataError, ExecutorError
 from hypha.accelerate_executor.job import SchedulerReference
 from hypha.accelerate_executor.tensorfile import layout
+from unix_http import QuietHandler, serving
 
 
 @pytest.fixture
@@ -134,16 +131,12 @@ def test_optional_tensors_are_taken_when_present(slice_file: Path) -> None:
     assert sorted(tensors) == ["input_ids", "labels"]
 
 
-class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
-
-
-def in_place_bridge(socket_path: Path, work_dir: Path, slices: list[Batch]) -> _Server:
+def in_place_bridge(work_dir: Path, slices: list[Batch]) -> type[QuietHandler]:
     """A bridge whose every fetch hands out slice index 0, written into artifacts/0 in place
     as the Rust bridge does (File::create: truncate the same inode, then write)."""
     payloads = iter(slices)
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers.get("Content-Length", 0)))
             target = work_dir / "artifacts" / "0"
@@ -153,19 +146,9 @@ def in_place_bridge(socket_path: Path, work_dir: Path, slices: list[Batch]) -> _
             with open(target, "r+b" if target.exists() else "wb") as out:
                 out.truncate(0)
                 out.write(staged.read_bytes())
-            body = json.dumps([{"path": "artifacts/0", "size": target.stat().st_size}]).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            self.reply_json([{"path": "artifacts/0", "size": target.stat().st_size}])
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = _Server(str(socket_path), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
+    return Handler
 
 
 class OneRank:
@@ -187,8 +170,7 @@ def test_a_slice_rewritten_in_place_never_changes_what_is_trained(short_tmp: Pat
         }
         for n in range(12)
     ]
-    server = in_place_bridge(short_tmp / "bridge.sock", short_tmp, slices)
-    try:
+    with serving(short_tmp / "bridge.sock", in_place_bridge(short_tmp, slices)):
         bridge = BridgeClient(short_tmp / "bridge.sock", short_tmp)
         reference = SchedulerReference(type="scheduler", peer="12D3KooWsched", dataset="d")
         stream = SliceStream(bridge, short_tmp, reference, (["ids", "pad"], ()), 1000, OneRank())  # type: ignore[arg-type]
@@ -197,9 +179,6 @@ def test_a_slice_rewritten_in_place_never_changes_what_is_trained(short_tmp: Pat
             batch = next(batches)
             assert batch["ids"].tolist() == list(range(step * 1000, (step + 1) * 1000))
         stream.close()
-    finally:
-        server.shutdown()
-        server.server_close()
     # Only the slices still in use are kept, under the executor's own names.
     assert len(list((short_tmp / OWN_SLICES_DIR).iterdir())) <= 2
 

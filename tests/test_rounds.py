@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import json
 import random
-import socketserver
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -27,6 +25,7 @@ from hypha.accelerate_executor.training import (
     Verdict,
     scheduler_decision,
 )
+from unix_http import QuietHandler, serving
 
 
 def answers(*pairs: tuple[int, dict[str, object]]) -> list[StatusAnswer]:
@@ -112,10 +111,6 @@ def test_no_schedule_keeps_the_rate() -> None:
     assert lrs(build_lr_schedule(optimizer, None), optimizer, 4) == pytest.approx([0.3] * 4)
 
 
-class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
-
-
 @pytest.fixture
 def slow_bridge(short_tmp: Path) -> Iterator[tuple[Path, list[int]]]:
     """A bridge that answers each status after a random delay, the first four only once
@@ -123,7 +118,7 @@ def slow_bridge(short_tmp: Path) -> Iterator[tuple[Path, list[int]]]:
     arrived: list[int] = []
     four_at_once = threading.Barrier(4, timeout=30)
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_POST(self) -> None:
             progress = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             number = progress["status"]["batch_size"]
@@ -131,21 +126,10 @@ def slow_bridge(short_tmp: Path) -> Iterator[tuple[Path, list[int]]]:
             if number <= 4:
                 four_at_once.wait()  # breaks, and so fails the test, if statuses queue
             time.sleep(random.uniform(0.0, 0.02))
-            body = json.dumps(CONTINUE).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            self.reply_json(CONTINUE)
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = _Server(str(short_tmp / "bridge.sock"), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield short_tmp, arrived
-    server.shutdown()
-    server.server_close()
+    with serving(short_tmp / "bridge.sock", Handler):
+        yield short_tmp, arrived
 
 
 def test_statuses_go_out_one_per_batch_and_concurrently(
