@@ -39,9 +39,11 @@ Batch = dict[str, torch.Tensor]
 READ_WHOLE_BYTES = 1 << 20
 # Where fetched slices are moved to, under the work dir: names only the executor uses.
 OWN_SLICES_DIR = "slices"
-# Padding where token rows of different lengths meet in one batch: `labels` are ignored
-# at -100 (transformers' convention), everything else pads with 0 (attention_mask 0).
-PAD_VALUES = {"labels": -100}
+# The label transformers' losses skip: padding, and whatever else should teach nothing.
+IGNORED_LABEL = -100
+# Padding where token rows of different lengths meet in one batch: `labels` are ignored,
+# everything else pads with 0 (attention_mask 0).
+PAD_VALUES = {"labels": IGNORED_LABEL}
 
 
 @dataclass(frozen=True)

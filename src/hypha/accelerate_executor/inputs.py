@@ -13,12 +13,11 @@ from typing import Any
 
 import torch
 
-from hypha.accelerate_executor.data import Batch
+from hypha.accelerate_executor.data import IGNORED_LABEL, Batch
 from hypha.accelerate_executor.errors import DataError
 from hypha.accelerate_executor.job import TrainConfig
 
 ATTENTION_MASK = "attention_mask"
-IGNORED_LABEL = -100
 
 
 def derives_labels(config: TrainConfig) -> bool:

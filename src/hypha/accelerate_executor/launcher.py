@@ -7,10 +7,10 @@ J, the job JSON or @PATH, defaults to $JOB_JSON, which keeps a token off every c
 
 `auto` picks from the image's variant (HYPHA_VARIANT) and the GPUs the container sees:
 none -> cpu.yaml (multi-cpu.yaml for several processes; a GPU image says so in a warning
-line), one -> gpu.yaml, several -> multi-gpu.yaml with one process per GPU. A single-process, non-distributed config starts the training module directly with
-the environment `accelerate launch` would give it: accelerate's own launcher costs seconds
-of start-up and adds nothing for one process. Everything else goes through
-`accelerate launch`.
+line), one -> gpu.yaml, several -> multi-gpu.yaml with one process per GPU. A
+single-process, non-distributed config starts the training module directly with the
+environment `accelerate launch` would give it: accelerate's own launcher costs seconds of
+start-up and adds nothing for one process. Everything else goes through `accelerate launch`.
 
 The ranks run in their own process group (supervisor.py). SIGTERM/SIGINT/SIGHUP go to the
 whole group (the worker signals only its direct child, and the container may run without
@@ -132,6 +132,10 @@ def _read(path: Path) -> str:
         return ""
 
 
+def gpu_image_without_gpus(variant: str, gpus: int) -> bool:
+    return variant not in ("cpu", "mps") and gpus == 0
+
+
 def resolve_config(
     requested: str, variant: str, gpus: int, num_processes: int | None, directory: Path
 ) -> tuple[Path, str]:
@@ -154,7 +158,7 @@ def resolve_config(
         name = "mps"
     elif variant == "cpu" or gpus == 0:
         name = "multi-cpu" if (num_processes or 1) > 1 else "cpu"
-        if gpus == 0 and variant != "cpu":
+        if gpu_image_without_gpus(variant, gpus):
             # main says this on stdout: a GPU image without GPUs usually lacks a runtime flag.
             runtime = (
                 "--gpus all" if variant.startswith("cu") else "--device /dev/kfd --device /dev/dri"
@@ -357,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_config:
         print(describe(chosen))
         return EXIT_OK
-    if args.accelerate_config == "auto" and chosen.gpus == 0 and chosen.variant != "cpu":
+    if args.accelerate_config == "auto" and gpu_image_without_gpus(chosen.variant, chosen.gpus):
         print(f"{PROG}: warning: {chosen.how_chosen.removeprefix('auto: ')}", flush=True)
     return run_ranks(chosen.command, {**os.environ, **chosen.env})
 
