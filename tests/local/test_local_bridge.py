@@ -12,6 +12,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from hypha.accelerate_executor.local.jobs import new_peer_id
+
+# A peer id as libp2p parses it (the worker refuses any other with 422), but nobody's.
+NOBODY = new_peer_id()
 PEERS_ALL = {"type": "peers", "peers": [], "strategy": {"type": "All"}, "resource": None}
 
 
@@ -147,9 +151,9 @@ def test_a_slice_fetched_again_is_rewritten_in_place(bridge, connect):
         ),
         ({"type": "uri", "value": "https://host/missing.bin"}, "connector_error", "missing.bin"),
         (
-            {"type": "scheduler", "peer": "12D3KooWnobody", "dataset": "toy"},
+            {"type": "scheduler", "peer": NOBODY, "dataset": "toy"},
             "network_error",
-            "12D3KooWnobody",
+            NOBODY,
         ),
     ],
 )
@@ -222,6 +226,8 @@ def test_malformed_json_is_a_plain_400(bridge, connect, body):
 @pytest.mark.parametrize(
     ("route", "body"),
     [
+        ("/resources/fetch", {"type": "scheduler", "peer": "12D3KooWnobody", "dataset": "toy"}),
+        ("/resources/fetch", {"type": 2, "peers": [], "strategy": {"type": "All"}}),
         ("/status/send", {"status": {"batch_size": 8.0}}),
         ("/status/send", {"status": {"batch_size": -1}}),
         ("/status/send", {"status": {}}),

@@ -41,10 +41,10 @@ by signal N is reported as 128 + N too, as a shell shows it.
 from __future__ import annotations
 
 import signal
-from typing import TYPE_CHECKING
+from typing import Literal
 
-if TYPE_CHECKING:
-    from hypha.accelerate_executor.local.backend import ErrorKind
+# The kinds of failure beyond a bridge that its 500 answers name (protocol.md section 2).
+ErrorKind = Literal["network_error", "connector_error", "io_error"]
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # the job (or the command) failed

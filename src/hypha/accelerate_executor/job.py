@@ -1,11 +1,12 @@
 """The job spec (JOB_JSON) as the Hypha worker sends it: accepted exactly when Hypha's Rust
 types accept it, and refused beyond that only where it cannot train.
 
-Two steps. `wirejson` and `serde` read the text as serde_json and serde do with Hypha's
-`JobSpec` (crates/messages; the declarations below restate its types and attributes):
-that decides accept or refuse. The pydantic models then give the executor typed access
-and refuse the few jobs serde accepts but no executor could train, each listed in the
-README's "Jobs refused beyond serde". Pure pydantic: the host shim imports this module,
+One declaration, two steps. The models below restate Hypha's `JobSpec` (crates/messages)
+type by type; `wirejson` and `serde` read the text as serde_json and serde do with it
+(serde.wire_type derives serde's reading from the models' annotations): that decides
+accept or refuse. The same models then give the executor typed access and, by their
+constraints, refuse the few jobs serde accepts but no executor could train, each listed in
+the README's "Jobs refused beyond serde". Pure pydantic: the host shim imports this module,
 so it must never import torch.
 """
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -23,18 +24,12 @@ from hypha.accelerate_executor.errors import (
     UntrainableJobError,
 )
 from hypha.accelerate_executor.serde import (
-    F64,
     PEER_ID,
     UUID,
-    Array,
     Integer,
-    Option,
-    Str,
-    Struct,
-    Tagged,
     TryFrom,
-    UnitEnum,
-    Vec,
+    struct,
+    tagged,
 )
 from hypha.accelerate_executor.wirejson import read_struct
 
@@ -55,111 +50,21 @@ ModelTask = Literal[
 PreprocessorTask = Literal["tokenizer", "feature", "image", "video", "auto"]
 
 
-# What serde accepts: Hypha's types (crates/messages/src/lib.rs), field by field.
-
-_STRATEGY = Tagged("type", {"All": None, "Random": None, "One": None})
-_REFERENCE = Tagged(
-    "type",
-    {
-        "uri": Struct({"value": Str()}),
-        "huggingface": Struct(
-            {
-                "repository": Str(),
-                "revision": Option(Str()),
-                "filenames": Vec(Str()),
-                "token": Option(Str()),
-            }
-        ),
-        "peers": Struct(
-            {
-                "peers": Vec(PEER_ID),
-                "strategy": _STRATEGY,
-                "resource": Option(Struct({"dataset": Str(), "index": Integer("u64")})),
-            }
-        ),
-        "scheduler": Struct({"peer": PEER_ID, "dataset": Str()}),
-    },
-)
+# Hypha's types (crates/messages/src/lib.rs), declared once: the annotations say what serde
+# accepts (serde.wire_type; a WireType in `Annotated` where Python's type says too little),
+# the constraints and validators what the executor refuses beyond serde (README: "Jobs
+# refused beyond serde"). Fields stand in upstream's declaration order, which serde reads
+# arrays in, and a new field is one line here.
 
 
-def _send_problem(reference: dict[str, Any]) -> str | None:
-    return None if reference["type"] == "peers" else "Send can only be created from Peers"
-
-
-def _receive_problem(reference: dict[str, Any]) -> str | None:
-    if reference["type"] != "peers":
-        return "Receive can only be created from Peers"
-    return None if reference["strategy"]["type"] == "All" else "Receive requires strategy All"
-
-
-_SEND = TryFrom(_REFERENCE, _send_problem)
-_RECEIVE = TryFrom(_REFERENCE, _receive_problem)
-_STEPS = Integer("i32")
-_SCHEDULER = Tagged(
-    "type",
-    {
-        "cosine-with-warmup": Struct({"warmup_steps": _STEPS, "training_steps": _STEPS}),
-        "linear-with-warmup": Struct({"warmup_steps": _STEPS, "training_steps": _STEPS}),
-        "wsd": Struct({"warmup_steps": _STEPS, "decay_steps": _STEPS}),
-    },
-)
-_DESCRIPTOR = Struct({"name": Str()})
-_TRAIN_CONFIG = Struct(
-    {
-        "model": Struct(
-            {
-                "task": UnitEnum(*get_args(ModelTask)),
-                "artifact": _REFERENCE,
-                "input-names": Vec(Str()),
-            }
-        ),
-        "data": _REFERENCE,
-        "updates": _SEND,
-        "results": _RECEIVE,
-        "optimizer": Struct(
-            {"learning-rate": F64(), "betas": Option(Array(F64(), 2)), "epsilon": Option(F64())}
-        ),
-        "batch_size": Integer("u32"),
-        "preprocessor": Option(
-            Struct(
-                {
-                    "task": UnitEnum(*get_args(PreprocessorTask)),
-                    "artifact": _REFERENCE,
-                    "input-names": Vec(Str()),
-                }
-            )
-        ),
-        "scheduler": Option(_SCHEDULER),
-    }
-)
-_AGGREGATE_CONFIG = Struct(
-    {
-        "updates": _RECEIVE,
-        "results": _SEND,
-        "optimizer": Struct({"learning-rate": F64(), "momentum": F64()}),
-    }
-)
-# Read straight from serde_json, not from a buffered enclosing enum: its tag is a string.
-_EXECUTOR = Tagged(
-    "class",
-    {
-        "train": Struct({"descriptor": _DESCRIPTOR, "config": _TRAIN_CONFIG}),
-        "aggregate": Struct({"descriptor": _DESCRIPTOR, "config": _AGGREGATE_CONFIG}),
-    },
-    index_tags=False,
-)
-JOB_SPEC = Struct({"job_id": UUID, "executor": _EXECUTOR})
-
-
-# What the executor reads: typed models of what serde accepted. Their constraints are the
-# refusals beyond serde (README: "Jobs refused beyond serde").
-
-
-class WireModel(BaseModel):
+class JobModel(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
 
-class UriReference(WireModel):
+PeerId = Annotated[str, PEER_ID]
+
+
+class UriReference(JobModel):
     type: Literal["uri"]
     value: str
 
@@ -172,7 +77,7 @@ class UriReference(WireModel):
         return value
 
 
-class HuggingFaceReference(WireModel):
+class HuggingFaceReference(JobModel):
     type: Literal["huggingface"]
     # The bridge needs a repository and at least one file to fetch.
     repository: Annotated[str, Field(min_length=1)]
@@ -182,48 +87,70 @@ class HuggingFaceReference(WireModel):
     token: str | None = Field(default=None, repr=False)
 
 
-class Strategy(WireModel):
-    type: Literal["All", "One", "Random"]
+class Strategy(JobModel):
+    type: Literal["All", "Random", "One"]
 
 
-class DatasetSlice(WireModel):
+class DatasetSlice(JobModel):
     dataset: str
-    index: int
+    index: Annotated[int, Integer("u64")]
 
 
-class PeersReference(WireModel):
+class PeersReference(JobModel):
     type: Literal["peers"]
-    peers: list[str]
-    strategy: Strategy
+    peers: list[PeerId]
+    strategy: Annotated[Strategy, tagged(Strategy)]
     resource: DatasetSlice | None = None
 
 
-class SchedulerReference(WireModel):
+class SchedulerReference(JobModel):
     type: Literal["scheduler"]
-    peer: str
+    peer: PeerId
     dataset: str
 
 
+# Upstream's Reference in its variant order, which serde also takes a tag's index in.
+REFERENCE = tagged(UriReference, HuggingFaceReference, PeersReference, SchedulerReference)
 Reference = Annotated[
     UriReference | HuggingFaceReference | PeersReference | SchedulerReference,
     Field(discriminator="type"),
 ]
-# The bridge fetches uri, huggingface and scheduler references; a model comes from the first two.
-ArtifactReference = Annotated[UriReference | HuggingFaceReference, Field(discriminator="type")]
-DataReference = Annotated[
-    SchedulerReference | UriReference | HuggingFaceReference, Field(discriminator="type")
+
+
+def _send_problem(reference: dict[str, Any]) -> str | None:
+    return None if reference["type"] == "peers" else "Send can only be created from Peers"
+
+
+def _receive_problem(reference: dict[str, Any]) -> str | None:
+    if reference["type"] != "peers":
+        return "Receive can only be created from Peers"
+    return None if reference["strategy"]["type"] == "All" else "Receive requires strategy All"
+
+
+# serde reads every Reference; the bridge fetches uri, huggingface and scheduler references
+# only, and a model comes from the first two.
+ArtifactReference = Annotated[
+    UriReference | HuggingFaceReference, Field(discriminator="type"), REFERENCE
 ]
+DataReference = Annotated[
+    SchedulerReference | UriReference | HuggingFaceReference,
+    Field(discriminator="type"),
+    REFERENCE,
+]
+# Upstream's Send and Receive: a Reference, then a try_from check.
+SendReference = Annotated[PeersReference, TryFrom(REFERENCE, _send_problem)]
+ReceiveReference = Annotated[PeersReference, TryFrom(REFERENCE, _receive_problem)]
 # A model with no inputs, or a processor given none, cannot run.
 InputNames = Annotated[list[str], Field(alias="input-names", min_length=1)]
 
 
-class ModelSpec(WireModel):
+class ModelSpec(JobModel):
     task: ModelTask
     artifact: ArtifactReference
     input_names: InputNames
 
 
-class PreprocessorSpec(WireModel):
+class PreprocessorSpec(JobModel):
     task: PreprocessorTask
     artifact: ArtifactReference
     input_names: InputNames
@@ -233,28 +160,31 @@ class PreprocessorSpec(WireModel):
 Beta = Annotated[float, Field(ge=0, lt=1)]
 
 
-class OptimizerSpec(WireModel):
+class OptimizerSpec(JobModel):
     learning_rate: float = Field(alias="learning-rate", ge=0)
     betas: tuple[Beta, Beta] | None = None
     epsilon: Annotated[float, Field(ge=0)] | None = None
 
 
-class CosineWithWarmup(WireModel):
+Steps = Annotated[int, Integer("i32")]
+
+
+class CosineWithWarmup(JobModel):
     type: Literal["cosine-with-warmup"]
-    warmup_steps: int
-    training_steps: int
+    warmup_steps: Steps
+    training_steps: Steps
 
 
-class LinearWithWarmup(WireModel):
+class LinearWithWarmup(JobModel):
     type: Literal["linear-with-warmup"]
-    warmup_steps: int
-    training_steps: int
+    warmup_steps: Steps
+    training_steps: Steps
 
 
-class WarmupStableDecay(WireModel):
+class WarmupStableDecay(JobModel):
     type: Literal["wsd"]
-    warmup_steps: int
-    decay_steps: int
+    warmup_steps: Steps
+    decay_steps: Steps
 
 
 LrScheduler = Annotated[
@@ -262,34 +192,59 @@ LrScheduler = Annotated[
 ]
 
 
-class TrainConfig(WireModel):
+class TrainConfig(JobModel):
     model: ModelSpec
     data: DataReference
-    updates: PeersReference
-    results: PeersReference
+    updates: SendReference
+    results: ReceiveReference
     optimizer: OptimizerSpec
-    batch_size: int = Field(gt=0)  # a batch of nothing trains nothing
+    # A batch of nothing trains nothing.
+    batch_size: Annotated[int, Integer("u32"), Field(gt=0)]
     preprocessor: PreprocessorSpec | None = None
     scheduler: LrScheduler | None = None
 
 
-class Descriptor(WireModel):
+class Descriptor(JobModel):
     name: str
 
 
-class ExecutorSpec(WireModel):
+class ExecutorSpec(JobModel):
     class_: Literal["train"] = Field(alias="class")
     descriptor: Descriptor
     config: TrainConfig
 
 
-class Job(WireModel):
-    job_id: str
-    executor: ExecutorSpec
+# An aggregate job, declared for serde's sake: the worker's own parameter server runs it.
+
+
+class AggregateOptimizer(JobModel):
+    learning_rate: float = Field(alias="learning-rate")
+    momentum: float
+
+
+class AggregateConfig(JobModel):
+    updates: ReceiveReference
+    results: SendReference
+    optimizer: AggregateOptimizer
+
+
+class AggregateExecutorSpec(JobModel):
+    class_: Literal["aggregate"] = Field(alias="class")
+    descriptor: Descriptor
+    config: AggregateConfig
+
+
+class Job(JobModel):
+    job_id: Annotated[str, UUID]
+    # Read straight from serde_json, not from a buffered enclosing enum: its tag is a string.
+    executor: Annotated[ExecutorSpec, tagged(ExecutorSpec, AggregateExecutorSpec, index_tags=False)]
 
     @property
     def config(self) -> TrainConfig:
         return self.executor.config
+
+
+JOB_SPEC = struct(Job)
 
 
 def job_bytes(source: str) -> bytes:

@@ -16,13 +16,22 @@ The rules that surprise a Python reader are serde's own:
 
 Messages name the field and the problem and never quote a string from the input: the job
 may carry a token.
+
+`wire_type` derives these from pydantic models, so that the job's types are declared once
+(job.py): serde's reading follows from the annotations, and the models' own constraints
+are what the executor refuses beyond serde.
 """
 
 from __future__ import annotations
 
+import functools
+import operator
 import re
-from collections.abc import Callable
-from typing import Any
+import types
+from collections.abc import Callable, Sequence
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+
+from pydantic import BaseModel
 
 from hypha.accelerate_executor.errors import SerdeError
 from hypha.accelerate_executor.wirejson import Obj, Value
@@ -123,6 +132,13 @@ class Option(WireType):
 
     def decode(self, value: Value, path: Path) -> Any:
         return None if value is None else self.inner.decode(value, path)
+
+
+class Default(Option):
+    """`#[serde(default)]`: may be left out (the reader supplies the default), not null."""
+
+    def decode(self, value: Value, path: Path) -> Any:
+        return self.inner.decode(value, path)
 
 
 class Struct(WireType):
@@ -301,3 +317,70 @@ def is_peer_id(text: str) -> bool:
 
 UUID = Checked("a UUID", is_uuid)
 PEER_ID = Checked("a libp2p peer id", is_peer_id)
+
+
+# Derived from pydantic annotations: serde's reading of a model follows from its fields.
+
+
+def wire_type(annotation: Any, metadata: Sequence[Any] = ()) -> WireType:
+    """The serde type of a pydantic annotation. A WireType among its `Annotated` metadata
+    states it outright (the width of an integer, a checked string, a field whose model is
+    narrower than what serde accepts); otherwise str, float, Literal (an enum of unit
+    variants), list, a tuple of one type (an array), `X | None`, a model (a struct) and a
+    union of tagged models (`tagged`) are read as serde derives them."""
+    for item in metadata:
+        if isinstance(item, WireType):
+            return item
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Annotated:
+        return wire_type(args[0], [*metadata, *annotation.__metadata__])
+    if annotation is str:
+        return Str()
+    if annotation is float:
+        return F64()
+    if origin is Literal:
+        return UnitEnum(*args)
+    if origin is list:
+        return Vec(wire_type(args[0]))
+    if origin is tuple and len(set(args)) == 1:
+        return Array(wire_type(args[0]), len(args))
+    if origin in (Union, types.UnionType):
+        present = [arg for arg in args if arg is not types.NoneType]
+        if len(present) < len(args):
+            return Option(wire_type(functools.reduce(operator.or_, present)))
+        return tagged(*present)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return struct(annotation)
+    raise TypeError(f"no serde type for {annotation!r}: annotate it with a WireType")
+
+
+def struct(model: type[BaseModel], skip: str | None = None) -> Struct:
+    """A model's fields, by their wire names, in declaration order (serde's for arrays)."""
+    fields: dict[str, WireType] = {}
+    for name, field in model.model_fields.items():
+        if name == skip:
+            continue
+        kind = wire_type(field.annotation, field.metadata)
+        if not field.is_required() and not isinstance(kind, Option):
+            raise TypeError(f"{model.__name__}.{name}: only an Option may be left out in serde")
+        fields[field.alias or name] = kind
+    return Struct(fields)
+
+
+def tagged(*models: type[BaseModel], index_tags: bool = True) -> Tagged:
+    """An internally tagged enum of models whose first field is the tag, a Literal: each
+    model a variant (its other fields the variant's struct), or, for a model with the tag
+    alone, each of the Literal's names a unit variant."""
+    variants: dict[str, Struct | None] = {}
+    tags = set()
+    for model in models:
+        name, field = next(iter(model.model_fields.items()))
+        tags.add(field.alias or name)
+        names = get_args(field.annotation)
+        if len(model.model_fields) == 1:
+            variants.update(dict.fromkeys(names))
+        else:
+            (variant,) = names
+            variants[variant] = struct(model, skip=name)
+    (tag,) = tags
+    return Tagged(tag, variants, index_tags)

@@ -47,6 +47,16 @@ class Obj:
 Value: TypeAlias = "bool | int | float | str | list[Value] | Obj | None"
 
 
+def from_python(raw: object) -> Value:
+    """What `json.loads` made, as a Value (its objects lost their duplicate keys already)."""
+    if isinstance(raw, dict):
+        return Obj([(str(key), from_python(item)) for key, item in raw.items()])
+    if isinstance(raw, list):
+        return [from_python(item) for item in raw]
+    assert raw is None or isinstance(raw, bool | int | float | str), raw
+    return raw
+
+
 class Reader:
     def __init__(self, text: str) -> None:
         self.text = text

@@ -16,7 +16,9 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from hypha.accelerate_executor.errors import Rejection
+from hypha.accelerate_executor.errors import Rejection, SerdeError
+from hypha.accelerate_executor.serde import WireType
+from hypha.accelerate_executor.wirejson import from_python
 
 MAX_BODY_BYTES = 2 * 1024 * 1024
 # A refused body up to this size is read and dropped; a larger one costs the connection.
@@ -45,17 +47,27 @@ def read_json(handler: BaseHTTPRequestHandler) -> Any:
         raise Rejection(400, f"Failed to parse the request body as JSON: {exc}") from None
 
 
+def _unprocessable(detail: str) -> Rejection:
+    return Rejection(422, f"Failed to deserialize the JSON body into the target type: {detail}")
+
+
 def shaped(adapter: TypeAdapter[Any], raw: Any) -> Any:
-    """`raw` validated into the route's type (wire.py), or the 422 serde's error gives."""
+    """`raw` validated into the route's pydantic shape (wire.py), or the 422 serde's error
+    gives."""
     try:
         return adapter.validate_python(raw)
     except ValidationError as exc:
         error = exc.errors(include_url=False)[0]
         where = ".".join(str(part) for part in error["loc"]) or "body"
-        raise Rejection(
-            422,
-            f"Failed to deserialize the JSON body into the target type: {where}: {error['msg']}",
-        ) from None
+        raise _unprocessable(f"{where}: {error['msg']}") from None
+
+
+def deserialized(kind: WireType, raw: Any) -> Any:
+    """`raw` read as the route's serde type (wire.py) in its canonical shape, or the 422."""
+    try:
+        return kind.decode(from_python(raw), ())
+    except SerdeError as exc:
+        raise _unprocessable(str(exc)) from None
 
 
 def _read_body(handler: BaseHTTPRequestHandler) -> bytes:

@@ -8,9 +8,10 @@ same process (coordinator.InProcessBackend).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Literal, Protocol, get_args
+from typing import Any, BinaryIO, Protocol, get_args
 
-ErrorKind = Literal["network_error", "connector_error", "io_error"]
+from hypha.accelerate_executor.errors import ErrorKind
+
 ERROR_KINDS: tuple[ErrorKind, ...] = get_args(ErrorKind)
 
 

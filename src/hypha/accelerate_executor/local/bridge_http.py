@@ -1,7 +1,7 @@
 """The bridge's HTTP face: routes, answers and the SSE stream over the Unix socket.
 
 Thin: the request body is read the way axum reads it (axum_body.py), and every route's
-meaning is BridgeServer's (bridge_server.py).
+meaning is JobBridge's (bridge_core.py).
 """
 
 from __future__ import annotations
@@ -11,18 +11,14 @@ import queue
 import socketserver
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit
-
-from pydantic import TypeAdapter
 
 from hypha.accelerate_executor.errors import Rejection
 from hypha.accelerate_executor.local import wire
-from hypha.accelerate_executor.local.axum_body import read_json, shaped
+from hypha.accelerate_executor.local.axum_body import deserialized, read_json, shaped
+from hypha.accelerate_executor.local.bridge_core import JobBridge
 from hypha.accelerate_executor.local.serving import LISTEN_BACKLOG, TracksConnections
-
-if TYPE_CHECKING:
-    from hypha.accelerate_executor.local.bridge_server import BridgeServer
 
 
 class UnixHTTPServer(TracksConnections, socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
@@ -31,14 +27,12 @@ class UnixHTTPServer(TracksConnections, socketserver.ThreadingMixIn, socketserve
     # Statuses sent concurrently connect at once; a full Unix-socket backlog refuses EAGAIN.
     request_queue_size = LISTEN_BACKLOG
 
-    def __init__(self, path: str, bridge: BridgeServer) -> None:
+    def __init__(self, path: str, bridge: JobBridge) -> None:
         super().__init__(path, _Handler, bind_and_activate=False)
         self.bridge = bridge
         self.log_name = bridge.name
 
 
-_SEND: TypeAdapter[wire.SendRequest] = TypeAdapter(wire.SendRequest)
-_RECEIVE: TypeAdapter[wire.ReceiveRequest] = TypeAdapter(wire.ReceiveRequest)
 _POST_ROUTES = ("/resources/fetch", "/resources/send", "/resources/receive", "/status/send")
 
 
@@ -59,7 +53,7 @@ class _Handler(BaseHTTPRequestHandler):
         return accepted
 
     @property
-    def bridge(self) -> BridgeServer:
+    def bridge(self) -> JobBridge:
         return self.server.bridge
 
     def do_GET(self) -> None:
@@ -82,15 +76,15 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             raw = read_json(self)
             if path == "/resources/fetch":
-                reference = shaped(wire.REFERENCE, raw)
+                reference = deserialized(wire.BODY_REFERENCE, raw)
                 self._reply(
                     200, json.dumps(self.bridge.fetch(reference)).encode(), "application/json"
                 )
             elif path == "/resources/send":
-                self.bridge.send(shaped(_SEND, raw))
+                self.bridge.send(deserialized(wire.SEND_REQUEST, raw))
                 self._reply(200, b"", None)
             elif path == "/resources/receive":
-                self._stream(self.bridge.open_stream(shaped(_RECEIVE, raw)))
+                self._stream(self.bridge.open_stream(deserialized(wire.RECEIVE_REQUEST, raw)))
             else:
                 answer = self.bridge.status(shaped(wire.PROGRESS, raw))
                 self._reply(200, json.dumps(answer).encode(), "application/json")

@@ -14,8 +14,8 @@ from urllib.parse import quote, urlsplit
 
 import urllib3
 
-from hypha.accelerate_executor.errors import BackendError, CoordinatorError
-from hypha.accelerate_executor.local.backend import ERROR_KINDS, ErrorKind, Push, RemoteFile
+from hypha.accelerate_executor.errors import BackendError, CoordinatorError, ErrorKind
+from hypha.accelerate_executor.local.backend import ERROR_KINDS, Push, RemoteFile
 
 
 def _backend_error(status: int, raw: bytes) -> BackendError:

@@ -23,21 +23,19 @@ import os
 from contextlib import suppress
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from hypha.accelerate_executor.errors import Refusal
+from hypha.accelerate_executor.local.coordinator_core import CoordinatorCore
 from hypha.accelerate_executor.local.serving import LISTEN_BACKLOG, AcceptLoop, TracksConnections
-
-if TYPE_CHECKING:
-    from hypha.accelerate_executor.local.coordinator import Coordinator
 
 
 class CoordinatorServer(TracksConnections, ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = LISTEN_BACKLOG  # every worker's bridge forwards statuses at once
 
-    def __init__(self, address: tuple[str, int], coordinator: Coordinator) -> None:
+    def __init__(self, address: tuple[str, int], coordinator: CoordinatorCore) -> None:
         super().__init__(address, _Handler)
         self.coordinator = coordinator
         self.log_name = coordinator.name
@@ -65,7 +63,7 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     @property
-    def coordinator(self) -> Coordinator:
+    def coordinator(self) -> CoordinatorCore:
         return self.server.coordinator
 
     def do_GET(self) -> None:

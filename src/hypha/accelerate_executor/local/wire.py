@@ -1,9 +1,8 @@
 """The bridge's request bodies as the Hypha worker deserializes them (serde shapes).
 
-These are deliberately looser than the executor's job models: they check only what
-serde checks (types, tags, integers that are integers), so that a request of the right
-shape but with a value the worker refuses (an ftp URL, an empty filename list) reaches
-the route and gets the route's 400, not a 422.
+The references are the job's (job.REFERENCE) as serde reads them: no more, so that a
+request of the right shape with a value the worker refuses (an ftp URL, an empty filename
+list) reaches the route and gets the route's 400, not a 422.
 """
 
 from __future__ import annotations
@@ -22,64 +21,20 @@ from pydantic import (
     TypeAdapter,
 )
 
+from hypha.accelerate_executor.job import REFERENCE, Reference
+from hypha.accelerate_executor.serde import Default, Str, Struct, Tagged
+
+# Read straight from the body, not buffered by an enclosing tagged enum: string tags only.
+BODY_REFERENCE = Tagged(REFERENCE.tag, REFERENCE.variants, index_tags=False)
+SEND_REQUEST = Struct({"resource": BODY_REFERENCE, "path": Str()})
+RECEIVE_REQUEST = Struct({"resource": BODY_REFERENCE, "path": Default(Str())})
+
 U32 = Annotated[StrictInt, Field(ge=0, le=2**32 - 1)]
-U64 = Annotated[StrictInt, Field(ge=0, le=2**64 - 1)]
 
 
 class Shape(BaseModel):
     # serde ignores unknown fields unless told otherwise.
     model_config = ConfigDict(frozen=True, extra="ignore")
-
-
-class Strategy(Shape):
-    type: Literal["All", "One", "Random"]
-
-
-class DatasetSlice(Shape):
-    dataset: StrictStr
-    index: U64
-
-
-class UriReference(Shape):
-    type: Literal["uri"]
-    value: StrictStr
-
-
-class HuggingFaceReference(Shape):
-    type: Literal["huggingface"]
-    repository: StrictStr
-    revision: StrictStr | None = None
-    filenames: list[StrictStr]
-    token: StrictStr | None = Field(default=None, repr=False)
-
-
-class PeersReference(Shape):
-    type: Literal["peers"]
-    peers: list[StrictStr]
-    strategy: Strategy
-    resource: DatasetSlice | None = None
-
-
-class SchedulerReference(Shape):
-    type: Literal["scheduler"]
-    peer: StrictStr
-    dataset: StrictStr
-
-
-Reference = Annotated[
-    UriReference | HuggingFaceReference | PeersReference | SchedulerReference,
-    Field(discriminator="type"),
-]
-
-
-class SendRequest(Shape):
-    resource: Reference
-    path: StrictStr
-
-
-class ReceiveRequest(Shape):
-    resource: Reference
-    path: StrictStr = "incoming"
 
 
 # Progress is an externally tagged enum: a bare string for unit variants, an object with
@@ -131,8 +86,6 @@ Progress = Annotated[
 PROGRESS: TypeAdapter[Any] = TypeAdapter(Progress)
 
 
-REFERENCE: TypeAdapter[Any] = TypeAdapter(Reference)
-
 SCHEDULER_ANSWER_SCHEMA: dict[str, Any] = {
     "oneOf": [
         {
@@ -153,13 +106,23 @@ SCHEDULER_ANSWER_SCHEMA: dict[str, Any] = {
 
 
 def openapi_document() -> dict[str, Any]:
-    """The bridge's OpenAPI document, its schemas generated from the shapes above."""
+    """The bridge's OpenAPI document, its schemas generated from the shapes above and the
+    job's references."""
     components: dict[str, Any] = {}
 
     def schema(adapter: TypeAdapter[Any]) -> dict[str, Any]:
         generated = adapter.json_schema(ref_template="#/components/schemas/{model}")
         components.update(generated.pop("$defs", {}))
         return generated
+
+    reference = schema(TypeAdapter(Reference))
+
+    def request(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+        return {
+            "type": "object",
+            "properties": {"resource": reference, **properties},
+            "required": required,
+        }
 
     def route(summary: str, body: dict[str, Any] | None, answer: dict[str, Any]) -> dict[str, Any]:
         operation: dict[str, Any] = {
@@ -191,7 +154,7 @@ def openapi_document() -> dict[str, Any]:
         "/resources/fetch": {
             "post": route(
                 "Fetch a uri, huggingface or scheduler reference into artifacts/",
-                schema(REFERENCE),
+                reference,
                 {
                     "200": {
                         "description": "the files, once on disk",
@@ -203,14 +166,14 @@ def openapi_document() -> dict[str, Any]:
         "/resources/send": {
             "post": route(
                 "Send a file to peers; answers before the copy is done",
-                schema(TypeAdapter(SendRequest)),
+                request({"path": {"type": "string"}}, ["resource", "path"]),
                 {"200": {"description": "accepted, empty body"}},
             )
         },
         "/resources/receive": {
             "post": route(
                 "Stream the files peers push, as server-sent events",
-                schema(TypeAdapter(ReceiveRequest)),
+                request({"path": {"type": "string", "default": "incoming"}}, ["resource"]),
                 {
                     "200": {
                         "description": "data: {path, size, from_peer} events",

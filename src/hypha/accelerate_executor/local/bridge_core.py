@@ -1,0 +1,294 @@
+"""One Job Bridge, as a Hypha worker serves it on WORK_DIR/bridge.sock: what each route does.
+
+It follows protocol.md sections 2 and 7, sharp edges included: one receive stream per job,
+`send` answered before the copy, pushes written to `<path>/<peer-id>` and announced only
+on an open stream, and every file written in place as Rust's `File::create` does
+(truncated, then written: the same inode, so a reader that has it open or mapped sees it
+change under it). The HTTP face is bridge_http.py, and bridge_server.py serves the two on the
+socket; what lies beyond the bridge (scheduler, data, models, peers) is a `BridgeBackend`
+(backend.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import random
+import threading
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path, PurePosixPath
+from typing import Any, BinaryIO
+from urllib.parse import urlsplit
+
+from hypha.accelerate_executor.errors import BackendError, ErrorKind, Rejection
+from hypha.accelerate_executor.local import wire
+from hypha.accelerate_executor.local.backend import BridgeBackend, Push
+from hypha.accelerate_executor.local.output import warn
+
+DEFAULT_RECEIVE_DIR = "incoming"
+# How long one poll for pushes waits; bounds how long stop() waits for the poller.
+PUSH_POLL_S = 0.2
+
+
+def invalid_request(detail: str) -> Rejection:
+    return Rejection(
+        400, json.dumps({"error": "invalid_request", "detail": detail}), "application/json"
+    )
+
+
+def server_error(kind: ErrorKind, detail: str) -> Rejection:
+    return Rejection(500, json.dumps({"error": kind, "detail": detail}), "application/json")
+
+
+class JobBridge:
+    """What one job's bridge does, whatever carries its requests; pushes are polled from
+    `start()` until `end_stream()`.
+
+    `owner=(uid, gid)`: when running as root, the socket and everything the bridge writes
+    are chowned to it, as if a worker running as that user had made them.
+    """
+
+    def __init__(
+        self,
+        work_dir: Path,
+        backend: BridgeBackend,
+        *,
+        owner: tuple[int, int] | None = None,
+        keepalive_s: float = 5.0,
+        name: str = "bridge",
+    ) -> None:
+        self.work_dir = Path(work_dir)
+        self.backend = backend
+        self.owner = owner if owner is not None and os.geteuid() == 0 else None
+        self.keepalive_s = keepalive_s
+        self.name = name
+        self._real_work_dir = Path(os.path.realpath(self.work_dir))
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        # Receive state: one stream per job, ever.
+        self._stream_registered = False
+        self._stream: queue.Queue[dict[str, Any] | None] | None = None
+        self._stream_peers: list[str] = []
+        self._receive_dir = DEFAULT_RECEIVE_DIR
+        self._stream_ended = threading.Event()
+        self._stream_ended.set()
+        self._senders: list[threading.Thread] = []
+
+    # Life cycle.
+
+    def start(self) -> None:
+        self._poller = threading.Thread(
+            target=self._poll_pushes, name=f"{self.name}-pushes", daemon=True
+        )
+        self._poller.start()
+
+    def end_stream(self) -> None:
+        """Stops polling, and lets the receive stream write its last chunk (waiting a
+        little for it) before its connection is cut."""
+        self._stopping.set()
+        with self._lock:
+            if self._stream is not None:
+                self._stream.put(None)
+        self._stream_ended.wait(2.0)
+
+    def join(self) -> None:
+        for thread in [self._poller, *self._senders]:
+            thread.join(10.0)
+
+    def log(self, text: str) -> None:
+        warn(self.name, text)
+
+    # What each route does; the handler parses the request and writes the answer.
+
+    def fetch(self, reference: dict[str, Any]) -> list[dict[str, Any]]:
+        """`reference`: a Reference as serde decodes it (wire.BODY_REFERENCE)."""
+        kind = reference["type"]
+        if kind == "peers":
+            raise invalid_request(
+                "fetch takes a uri, huggingface or scheduler reference, not peers"
+            )
+        if kind == "uri":
+            url = urlsplit(reference["value"])
+            if url.scheme not in ("http", "https"):
+                raise invalid_request("uri references must be http:// or https:// URLs")
+            if url.path.rsplit("/", 1)[-1] in ("", ".", ".."):
+                raise invalid_request("the URL has no file name in its last path segment")
+        if kind == "huggingface":
+            if not reference["repository"]:
+                raise invalid_request("huggingface reference has an empty repository")
+            if not reference["filenames"]:
+                raise invalid_request("huggingface reference has no filenames")
+            for filename in reference["filenames"]:
+                self._relative(filename)
+        try:
+            files = self.backend.fetch(reference)
+        except BackendError as exc:
+            raise server_error(exc.kind, exc.detail) from None
+        fetched = []
+        for remote in files:
+            target = self._relative(f"artifacts/{remote.name}")
+            size = self._write(target, partial(self.backend.download, remote.blob))
+            fetched.append(
+                {"path": target.relative_to(self._real_work_dir).as_posix(), "size": size}
+            )
+        return fetched
+
+    def send(self, request: dict[str, Any]) -> None:
+        """`request`: wire.SEND_REQUEST as serde decodes it."""
+        resource, relative = request["resource"], request["path"]
+        if resource["type"] != "peers":
+            raise invalid_request("send takes a peers reference")
+        peers, strategy = resource["peers"], resource["strategy"]["type"]
+        if not peers:
+            raise invalid_request("send needs at least one peer")
+        path = self._relative(relative)
+        try:
+            source = path.open("rb")
+        except OSError as exc:
+            raise server_error("io_error", f"cannot read {relative}: {exc.strerror}") from None
+        if strategy == "All":
+            targets = list(peers)
+        elif strategy == "One":
+            targets = peers[:1]
+        else:
+            targets = [random.choice(peers)]
+        sender = threading.Thread(
+            target=self._send_in_background, args=(source, relative, targets), daemon=True
+        )
+        self._senders.append(sender)
+        sender.start()
+
+    def open_stream(self, request: dict[str, Any]) -> queue.Queue[dict[str, Any] | None] | None:
+        """Registers the job's one receive stream; None when one was registered before.
+        `request`: wire.RECEIVE_REQUEST as serde decodes it."""
+        resource = request["resource"]
+        if resource["type"] != "peers":
+            raise invalid_request("receive takes a peers reference")
+        if resource["strategy"]["type"] != "All":
+            raise invalid_request(f"receive needs strategy All, not {resource['strategy']['type']}")
+        directory = self._relative(request.get("path", DEFAULT_RECEIVE_DIR))
+        with self._lock:
+            if self._stream_registered or self._stopping.is_set():
+                return None
+            self._stream_registered = True
+            self._stream = queue.Queue()
+            self._stream_peers = list(resource["peers"])
+            self._receive_dir = directory.relative_to(self._real_work_dir).as_posix()
+            self._stream_ended.clear()
+            return self._stream
+
+    def close_stream(self) -> None:
+        with self._lock:
+            self._stream = None
+        self._stream_ended.set()
+
+    def status(self, progress: Any) -> dict[str, Any]:
+        try:
+            return self.backend.status(wire.PROGRESS.dump_python(progress, mode="json"))
+        except BackendError as exc:
+            raise server_error(exc.kind, exc.detail) from None
+
+    # Paths and files.
+
+    def _relative(self, rel: str) -> Path:
+        """The real path of `rel` under the work dir, or a 400 naming why it is refused."""
+        if not rel:
+            raise invalid_request("path is empty")
+        pure = PurePosixPath(rel)
+        if pure.is_absolute():
+            raise invalid_request(f"path {rel!r} is absolute; paths are relative to the work dir")
+        if ".." in pure.parts:
+            raise invalid_request(f"path {rel!r} has a '..' component")
+        real = Path(os.path.realpath(self._real_work_dir / pure))
+        if real != self._real_work_dir and not real.is_relative_to(self._real_work_dir):
+            raise invalid_request(f"path {rel!r} leads out of the work dir through a symlink")
+        return real
+
+    def _own(self, path: Path) -> None:
+        if self.owner is not None:
+            os.chown(path, *self.owner)
+
+    def _make_dirs(self, directory: Path) -> None:
+        missing = []
+        while not directory.exists():
+            missing.append(directory)
+            directory = directory.parent
+        for path in reversed(missing):
+            path.mkdir(exist_ok=True)
+            self._own(path)
+
+    def _write(self, target: Path, produce: Callable[[BinaryIO], None]) -> int:
+        """Writes a file in place, 0600 (owned by `owner`), as File::create does; its size."""
+        try:
+            self._make_dirs(target.parent)
+            # The directory may have been swapped for a symlink since the path was checked.
+            parent = Path(os.path.realpath(target.parent))
+            if not parent.is_relative_to(self._real_work_dir):
+                raise invalid_request(
+                    f"{target.parent} leads out of the work dir through a symlink"
+                )
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(parent / target.name, flags, 0o600)
+            with os.fdopen(fd, "wb") as out:
+                os.fchmod(fd, 0o600)
+                if self.owner is not None:
+                    os.fchown(fd, *self.owner)
+                produce(out)
+                return out.tell()
+        except BackendError as exc:
+            raise server_error(exc.kind, exc.detail) from None
+        except OSError as exc:
+            raise server_error(
+                "io_error", f"cannot write {target.name}: {exc.strerror or exc}"
+            ) from None
+
+    # Background work.
+
+    def _send_in_background(self, source: BinaryIO, rel: str, peers: list[str]) -> None:
+        try:
+            with source:
+                data = source.read()
+            for peer in peers:
+                self.backend.send(peer, data)
+        except (OSError, BackendError) as exc:
+            # The request was answered already: like the real worker, all we can do is log.
+            self.log(f"sending {rel} failed: {exc}")
+
+    def _poll_pushes(self) -> None:
+        seq = 0
+        failing = False
+        while not self._stopping.is_set():
+            try:
+                push = self.backend.next_push(seq, wait_s=PUSH_POLL_S)
+            except BackendError as exc:
+                if not failing:
+                    self.log(f"cannot reach the peers: {exc.detail}; retrying")
+                failing = True
+                self._stopping.wait(1.0)
+                continue
+            failing = False
+            if push is not None:
+                seq = push.seq
+                self._deliver(push)
+
+    def _deliver(self, push: Push) -> None:
+        if push.from_peer in ("", ".", "..") or "/" in push.from_peer:
+            self.log(f"dropped a push from an unusable peer id {push.from_peer!r}")
+            return
+        with self._lock:
+            rel = f"{self._receive_dir}/{push.from_peer}"
+
+        def produce(out: BinaryIO) -> None:
+            out.write(push.data)
+
+        try:
+            size = self._write(self._relative(rel), produce)
+        except Rejection as exc:
+            self.log(f"could not store the push from {push.from_peer}: {exc.body.decode()}")
+            return
+        with self._lock:
+            stream, peers = self._stream, self._stream_peers
+        if stream is not None and (not peers or push.from_peer in peers):
+            stream.put({"path": rel, "size": size, "from_peer": push.from_peer})
