@@ -38,13 +38,8 @@ from hypha.accelerate_executor import __version__
 from hypha.accelerate_executor.local.assets import ensure_assets
 from hypha.accelerate_executor.local.coordinator import Catalog, Coordinator, RunOptions
 from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
-from hypha.accelerate_executor.local.worker import (
-    EXECUTOR_ARGS,
-    ExecutorEntry,
-    LocalWorker,
-    preset,
-    serve_one_job,
-)
+from hypha.accelerate_executor.local.executor_entries import EXECUTOR_ARGS, ExecutorEntry, preset
+from hypha.accelerate_executor.local.worker import LocalWorker, serve_one_job
 
 THROUGHPUT_TARGET = 0.98
 STARTUP_TARGET_S = 1.5

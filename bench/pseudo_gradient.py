@@ -28,7 +28,7 @@ from hypha.accelerate_executor.diloco import GlobalWeights
 from hypha.accelerate_executor.distributed import ModelWeights, canonical_names
 from hypha.accelerate_executor.local.coordinator import RunOptions
 from hypha.accelerate_executor.local.demo import run_demo
-from hypha.accelerate_executor.local.worker import ExecutorEntry, preset
+from hypha.accelerate_executor.local.executor_entries import ExecutorEntry, preset
 
 DTYPES = ("float32", "bfloat16")
 ROUND_LINE = re.compile(r"round \d+: loss .*\(([\d.]+) MB out\)")

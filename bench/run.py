@@ -38,7 +38,7 @@ from bench.data_path import SliceShape
 from bench.errors import BenchError
 from bench.models import DEMO, HUGE_100M, LARGE_32M, MEDIUM_10M, MICRO, SMALL_1M, Shape
 from bench.timing import machine_cpu_seconds, own_cpu_seconds
-from hypha.accelerate_executor.cli import OneLineArgumentParser
+from hypha.accelerate_executor.entry import OneLineArgumentParser
 from hypha.accelerate_executor.errors import UsageError
 from hypha.accelerate_executor.local.coordinator import RunOptions
 

@@ -28,7 +28,8 @@ from hypha.accelerate_executor.local.assets import ensure_assets
 from hypha.accelerate_executor.local.coordinator import Catalog, Coordinator, RunOptions
 from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
 from hypha.accelerate_executor.local.demo import supervise
-from hypha.accelerate_executor.local.worker import LocalWorker, preset, serve_one_job
+from hypha.accelerate_executor.local.executor_entries import preset
+from hypha.accelerate_executor.local.worker import LocalWorker, serve_one_job
 
 DELAYS_MS = (0, 20, 100)
 

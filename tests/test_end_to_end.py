@@ -20,7 +20,7 @@ from hypha.accelerate_executor.local.bridge_server import BridgeServer
 from hypha.accelerate_executor.local.coordinator import Catalog, Coordinator, RunOptions
 from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
 from hypha.accelerate_executor.local.demo import run_demo
-from hypha.accelerate_executor.local.worker import ExecutorEntry, preset
+from hypha.accelerate_executor.local.executor_entries import ExecutorEntry, preset
 
 REPO = Path(__file__).resolve().parents[1]
 EXECUTOR = [sys.executable, "-m", "hypha.accelerate_executor.training"]

@@ -15,7 +15,7 @@ import pytest
 from hypha.accelerate_executor.local import cli
 from hypha.accelerate_executor.local.coordinator import RunOptions
 from hypha.accelerate_executor.local.demo import run_demo
-from hypha.accelerate_executor.local.worker import EXECUTOR_ARGS, ExecutorEntry, preset
+from hypha.accelerate_executor.local.executor_entries import EXECUTOR_ARGS, ExecutorEntry, preset
 
 TOY = ExecutorEntry(
     sys.executable, (str(Path(__file__).with_name("toy_executor.py")), *EXECUTOR_ARGS)

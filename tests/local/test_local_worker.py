@@ -12,16 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from hypha.accelerate_executor.errors import WorkerError
+from hypha.accelerate_executor.errors import UsageError, WorkerError
 from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
-from hypha.accelerate_executor.local.worker import (
+from hypha.accelerate_executor.local.executor_entries import (
     ExecutorEntry,
-    LocalWorker,
     executor_entry,
     load_toml_entry,
-    serve_one_job,
     substitute,
 )
+from hypha.accelerate_executor.local.worker import LocalWorker, serve_one_job
 
 EXAMPLE_TOML = Path(__file__).parents[1] / "data" / "worker-executors.toml"
 
@@ -246,17 +245,17 @@ def test_executor_entries_from_presets_and_toml(tmp_path):
         "{JOB_JSON}",
     )
     assert executor_entry(f"toml:{EXAMPLE_TOML}") == example
-    with pytest.raises(WorkerError, match="unknown executor preset"):
+    with pytest.raises(UsageError, match="unknown executor preset"):
         executor_entry("docker")
     only_aggregate = tmp_path / "aggregate.toml"
     only_aggregate.write_text(
         '[[executors]]\nclass = "aggregate"\nname = "parameter-server"\nruntime = "parameter-server"\n'
     )
-    with pytest.raises(WorkerError, match="no \\[\\[executors\\]\\] entry"):
+    with pytest.raises(UsageError, match="no \\[\\[executors\\]\\] entry"):
         load_toml_entry(only_aggregate)
     broken = tmp_path / "broken.toml"
     broken.write_text("[[executors]\n")
-    with pytest.raises(WorkerError, match="not valid TOML"):
+    with pytest.raises(UsageError, match="not valid TOML"):
         load_toml_entry(broken)
-    with pytest.raises(WorkerError, match="cannot read"):
+    with pytest.raises(UsageError, match="cannot read"):
         load_toml_entry(tmp_path / "missing.toml")

@@ -222,12 +222,8 @@ def test_a_real_job_through_the_bundle(
     from hypha.accelerate_executor.local.assets import ensure_assets
     from hypha.accelerate_executor.local.coordinator import Catalog, Coordinator, RunOptions
     from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
-    from hypha.accelerate_executor.local.worker import (
-        EXECUTOR_ARGS,
-        ExecutorEntry,
-        LocalWorker,
-        serve_one_job,
-    )
+    from hypha.accelerate_executor.local.executor_entries import EXECUTOR_ARGS, ExecutorEntry
+    from hypha.accelerate_executor.local.worker import LocalWorker, serve_one_job
 
     shim = shutil.which("hypha-accelerate", path=str(Path(sys.executable).parent))
     assert shim is not None

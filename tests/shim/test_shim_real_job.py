@@ -91,7 +91,7 @@ def run_job(
 
 
 def test_job_through_the_shim(cpu_image: str, job_base: Path, docker_api: Any) -> None:
-    from hypha.accelerate_executor.local.worker import preset
+    from hypha.accelerate_executor.local.executor_entries import preset
 
     record = run_job(preset("shim"), job_base, rounds=2, steps=4)
     assert record["exit_code"] == 0
@@ -102,7 +102,7 @@ def test_job_through_the_shim(cpu_image: str, job_base: Path, docker_api: Any) -
 
 
 def test_cancelled_job_through_the_shim(cpu_image: str, job_base: Path, docker_api: Any) -> None:
-    from hypha.accelerate_executor.local.worker import preset
+    from hypha.accelerate_executor.local.executor_entries import preset
 
     record = run_job(preset("shim"), job_base, rounds=1, steps=100_000, cancel_after=2)
     assert record["exit_code"] == 143
@@ -113,7 +113,7 @@ def test_cancelled_job_through_the_shim(cpu_image: str, job_base: Path, docker_a
 def test_job_through_worker_configs_docker_entry(
     cpu_image: str, job_base: Path, tmp_path: Path
 ) -> None:
-    from hypha.accelerate_executor.local.worker import executor_entry
+    from hypha.accelerate_executor.local.executor_entries import executor_entry
 
     config = tmp_path / "worker.toml"
     result = subprocess.run(
@@ -143,7 +143,7 @@ def test_no_token_in_any_process_list_during_a_real_job(
     """worker-config's shim entry, run the worker's way (JOB_JSON exported) on a job whose
     reference carries a token: `ps -eo args` on the host, which sees the container's
     processes too, never shows it."""
-    from hypha.accelerate_executor.local.worker import executor_entry
+    from hypha.accelerate_executor.local.executor_entries import executor_entry
 
     token = "hf_psSecretToken0123456789"
     config = tmp_path / "worker.toml"
@@ -186,7 +186,7 @@ def test_default_hypha_job_through_worker_configs_shim_entry(
     1000-sample slices) on two workers, each running worker-config's cpu entry as printed."""
     from hypha.accelerate_executor.local.coordinator import RunOptions
     from hypha.accelerate_executor.local.demo import run_demo
-    from hypha.accelerate_executor.local.worker import executor_entry
+    from hypha.accelerate_executor.local.executor_entries import executor_entry
 
     config = tmp_path / "worker.toml"
     printed = subprocess.run(

@@ -106,7 +106,7 @@ def test_errors(args: list[str], words: str) -> None:
 
 def _as_the_worker_runs(entry: dict[str, Any], job: WorkerJob) -> list[str]:
     """The entry's command with the tokens replaced as the worker replaces them."""
-    from hypha.accelerate_executor.local.worker import substitute
+    from hypha.accelerate_executor.local.executor_entries import substitute
 
     values = {"SOCKET_PATH": str(job.socket_path), "WORK_DIR": str(job.work_dir)}
     return [entry["cmd"], *(substitute(arg, values) for arg in entry["args"])]

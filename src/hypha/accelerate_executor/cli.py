@@ -1,4 +1,4 @@
-"""The `hypha-accelerate` console command, and the argument parser every command uses.
+"""The `hypha-accelerate` console command.
 
 Each sub-command lives in the module of the part it belongs to and is imported only
 when called, so the host-side commands never import torch.
@@ -6,12 +6,11 @@ when called, so the host-side commands never import torch.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
-from typing import NoReturn
 
-from hypha.accelerate_executor.errors import EXIT_OK, EXIT_USAGE, UsageError
+from hypha.accelerate_executor.entry import say_error
+from hypha.accelerate_executor.errors import EXIT_OK, EXIT_USAGE
 
 # sub-command -> (module, one-line help). Each module has `main(argv: list[str]) -> int`.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -39,15 +38,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-class OneLineArgumentParser(argparse.ArgumentParser):
-    """argparse whose complaint is a UsageError, which each `main` prints as one line,
-    `PROG: message (see --help)`, and exits 2 with (argparse's own is the usage, then a
-    line, and a SystemExit)."""
-
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{message} (see --help)")
-
-
 def usage() -> str:
     lines = ["usage: hypha-accelerate COMMAND [ARGS...]", "", "commands:"]
     lines += [f"  {name:<14} {help_}" for name, (_, help_) in COMMANDS.items()]
@@ -65,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         print(__version__)
         return EXIT_OK
     if args[0] not in COMMANDS:
-        print(f"hypha-accelerate: unknown command {args[0]!r}; try --help", file=sys.stderr)
+        say_error("hypha-accelerate", f"unknown command {args[0]!r}; try --help")
         return EXIT_USAGE
     module = importlib.import_module(COMMANDS[args[0]][0])
     return int(module.main(args[1:]))

@@ -1,7 +1,8 @@
 """Every exception this package raises on purpose, and the exit codes they end in.
 
 Each message is one line that a worker's log, a terminal or an HTTP body shows as it is.
-A process's `main` prints `PROG: message` on stderr and exits with the error's `exit_code`.
+A process's `main` (entry.run_main) prints `PROG: message` on stderr and exits with the
+error's `exit_code`.
 
     HyphaError                  the root: a one-line message and an exit code (1 unless below)
     ├── UsageError              bad command-line arguments (OneLineArgumentParser): 2
@@ -57,6 +58,8 @@ class HyphaError(Exception):
     """Root of every failure this package reports: one line, and the exit code it ends in."""
 
     exit_code = EXIT_FAILED
+    # What the one line says before the message.
+    prefix = ""
 
     def __init__(self, message: str) -> None:
         super().__init__(" ".join(message.split()))
@@ -79,6 +82,7 @@ class JobSpecError(ExecutorError):
     """The job JSON is malformed or asks for something this executor does not do."""
 
     exit_code = EXIT_USAGE
+    prefix = "bad job: "
 
 
 class JsonError(JobSpecError):

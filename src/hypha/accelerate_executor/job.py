@@ -13,12 +13,13 @@ so it must never import torch.
 from __future__ import annotations
 
 import json
-import sys
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from hypha.accelerate_executor.entry import OneLineArgumentParser, run_main
 from hypha.accelerate_executor.errors import (
+    EXIT_OK,
     JobSpecError,
     JsonError,
     UntrainableJobError,
@@ -300,8 +301,10 @@ def json_schema() -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     """`hypha-accelerate schema`: prints the job spec's JSON Schema."""
-    if argv:
-        print("usage: hypha-accelerate schema", file=sys.stderr)
-        return 2
-    print(json.dumps(json_schema(), indent=2))
-    return 0
+
+    def body() -> int:
+        OneLineArgumentParser(prog="hypha-accelerate schema").parse_args(argv)
+        print(json.dumps(json_schema(), indent=2))
+        return EXIT_OK
+
+    return run_main("hypha-accelerate schema", body)

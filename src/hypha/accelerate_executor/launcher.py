@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from hypha.accelerate_executor import __version__
-from hypha.accelerate_executor.cli import OneLineArgumentParser
-from hypha.accelerate_executor.errors import EXIT_OK, HyphaError, LaunchError
+from hypha.accelerate_executor.entry import OneLineArgumentParser, run_main
+from hypha.accelerate_executor.errors import EXIT_OK, LaunchError
 from hypha.accelerate_executor.supervisor import Interrupts, Supervisor
 
 TRAINING_MODULE = "hypha.accelerate_executor.training"
@@ -338,7 +338,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
+    def body() -> int:
         args = parser().parse_args(sys.argv[1:] if argv is None else argv)
         if args.version:
             print(f"hypha-accelerate-executor {__version__} ({image_variant(os.environ)})")
@@ -355,15 +355,14 @@ def main(argv: list[str] | None = None) -> int:
         chosen = plan(args, os.environ)
         if not args.print_config:
             require_writable_home(os.environ)
-    except HyphaError as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return exc.exit_code
-    if args.print_config:
-        print(describe(chosen))
-        return EXIT_OK
-    if args.accelerate_config == "auto" and gpu_image_without_gpus(chosen.variant, chosen.gpus):
-        print(f"{PROG}: warning: {chosen.how_chosen.removeprefix('auto: ')}", flush=True)
-    return run_ranks(chosen.command, {**os.environ, **chosen.env})
+        if args.print_config:
+            print(describe(chosen))
+            return EXIT_OK
+        if args.accelerate_config == "auto" and gpu_image_without_gpus(chosen.variant, chosen.gpus):
+            print(f"{PROG}: warning: {chosen.how_chosen.removeprefix('auto: ')}", flush=True)
+        return run_ranks(chosen.command, {**os.environ, **chosen.env})
+
+    return run_main(PROG, body)
 
 
 if __name__ == "__main__":

@@ -24,17 +24,14 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from hypha.accelerate_executor.cli import OneLineArgumentParser
+from hypha.accelerate_executor.entry import OneLineArgumentParser, run_main
 from hypha.accelerate_executor.errors import (
-    EXIT_FAILED,
     EXIT_OK,
     Cancelled,
-    HyphaError,
     JobSpecError,
     UsageError,
 )
 from hypha.accelerate_executor.job import Job, parse_job
-from hypha.accelerate_executor.supervisor import signal_exit_status
 
 if TYPE_CHECKING:
     import torch
@@ -376,11 +373,19 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise Cancelled()
 
 
+def _unexpected(exc: Exception) -> str:
+    """A bug, or torch/transformers refusing the model: one line, still."""
+    if os.environ.get("HYPHA_DEBUG"):
+        traceback.print_exc()
+    return f"failed: {type(exc).__name__}: {' '.join(str(exc).split())[:500]}"
+
+
 def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _on_sigterm)
     # DeepSpeed calls collectives that torch has deprecated, and the warning repeats every step.
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed")
-    try:
+
+    def body() -> int:
         arguments = parse_arguments(sys.argv[1:] if argv is None else argv)
         job = parse_job(arguments.job)
         if not arguments.work_dir.is_dir():
@@ -392,23 +397,9 @@ def main(argv: list[str] | None = None) -> int:
             arguments.pseudo_gradient_dtype,
             arguments.micro_batch_size,
         ).run()
-    except Cancelled as exc:
-        say("cancelled (SIGTERM)")
-        return exc.exit_code
-    except KeyboardInterrupt:
-        say("interrupted")
-        return signal_exit_status(signal.SIGINT)
-    except HyphaError as exc:
-        bad_job = "bad job: " if isinstance(exc, JobSpecError) else ""
-        print(f"{PROG}: {bad_job}{exc}", file=sys.stderr)
-        return exc.exit_code
-    except Exception as exc:  # a bug, or torch/transformers refusing the model: one line, still
-        if os.environ.get("HYPHA_DEBUG"):
-            traceback.print_exc()
-        summary = " ".join(str(exc).split())[:500]
-        print(f"{PROG}: failed: {type(exc).__name__}: {summary}", file=sys.stderr)
-        return EXIT_FAILED
-    return EXIT_OK
+        return EXIT_OK
+
+    return run_main(PROG, body, _unexpected)
 
 
 if __name__ == "__main__":

@@ -15,17 +15,10 @@ import tempfile
 from pathlib import Path
 from types import FrameType
 
-from hypha.accelerate_executor.cli import OneLineArgumentParser
-from hypha.accelerate_executor.errors import (
-    EXIT_FAILED,
-    EXIT_OK,
-    EXIT_USAGE,
-    HyphaError,
-    UsageError,
-)
+from hypha.accelerate_executor.entry import OneLineArgumentParser, run_main
+from hypha.accelerate_executor.errors import EXIT_FAILED, EXIT_OK, LocalError, UsageError
 from hypha.accelerate_executor.local.jobs import JOB_KINDS
 from hypha.accelerate_executor.local.output import say
-from hypha.accelerate_executor.supervisor import signal_exit_status
 
 PROG = "hypha-accelerate local"
 
@@ -195,27 +188,19 @@ def _parser() -> OneLineArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    try:
+    def body() -> int:
         args = _parser().parse_args(argv)
         if getattr(args, "as_user", None) is not None and os.geteuid() != 0:
             raise UsageError("--as-user needs root (it plays a worker running as that user)")
         if args.command == "worker":
-            return _worker(args)
-        return _with_run_options(args)
-    except ValueError as exc:  # run options out of range
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except HyphaError as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except OSError as exc:
-        # Cache, output or work folders that cannot be written.
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    except KeyboardInterrupt:
-        # Before the run's own handlers are in place (e.g. while generating the assets).
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return signal_exit_status(signal.SIGINT)
+            return run_main(f"{PROG} worker", lambda: _worker(args))
+        try:
+            return _with_run_options(args)
+        except OSError as exc:
+            # Cache, output or work folders that cannot be written.
+            raise LocalError(str(exc)) from None
+
+    return run_main(PROG, body)
 
 
 def _with_run_options(args: argparse.Namespace) -> int:
@@ -237,16 +222,11 @@ def _with_run_options(args: argparse.Namespace) -> int:
         args.job, **{name: value for name, value in given.items() if value is not None}
     )
     if args.command == "demo":
-        from hypha.accelerate_executor.errors import WorkerError
         from hypha.accelerate_executor.local.demo import run_demo
-        from hypha.accelerate_executor.local.worker import executor_entry
+        from hypha.accelerate_executor.local.executor_entries import executor_entry
 
-        try:
-            trust = args.trust_remote_code or options.job == "lenet"
-            executor = executor_entry(args.executor, trust_remote_code=trust)
-        except WorkerError as exc:
-            print(f"{PROG}: {exc}", file=sys.stderr)
-            return EXIT_USAGE
+        trust = args.trust_remote_code or options.job == "lenet"
+        executor = executor_entry(args.executor, trust_remote_code=trust)
         return run_demo(
             options,
             executor,
@@ -266,11 +246,7 @@ def _with_run_options(args: argparse.Namespace) -> int:
     try:
         coordinator = Coordinator(catalog, options, host=host, port=port)
     except OSError as exc:
-        print(
-            f"{PROG}: cannot listen on {host}:{port}: {exc.strerror}",
-            file=sys.stderr,
-        )
-        return EXIT_FAILED
+        raise LocalError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
     with coordinator, cancel_on_signals(coordinator):
         say("coordinator", f"listening on {host}:{port}; waiting for {options.workers} workers")
         supervise(coordinator, coordinator.finished, args.timeout)
@@ -281,24 +257,20 @@ def _with_run_options(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    from hypha.accelerate_executor.errors import CoordinatorError, WorkerError
     from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
-    from hypha.accelerate_executor.local.worker import LocalWorker, executor_entry, serve_one_job
+    from hypha.accelerate_executor.local.executor_entries import executor_entry
+    from hypha.accelerate_executor.local.worker import LocalWorker, serve_one_job
 
-    try:
-        worker = LocalWorker(
-            args.name,
-            executor_entry(args.executor, trust_remote_code=args.trust_remote_code),
-            args.work_base,
-            owner=args.as_user,
-            keep_work_dir=args.keep_work_dir,
-            env={"OMP_NUM_THREADS": str(args.threads)} if args.threads else None,
-        )
-        client = CoordinatorClient(args.coordinator)
-        client.wait_until_up(args.connect_timeout)
-    except (WorkerError, CoordinatorError) as exc:
-        print(f"{PROG} worker: {exc}", file=sys.stderr)
-        return EXIT_USAGE if isinstance(exc, WorkerError) else EXIT_FAILED
+    worker = LocalWorker(
+        args.name,
+        executor_entry(args.executor, trust_remote_code=args.trust_remote_code),
+        args.work_base,
+        owner=args.as_user,
+        keep_work_dir=args.keep_work_dir,
+        env={"OMP_NUM_THREADS": str(args.threads)} if args.threads else None,
+    )
+    client = CoordinatorClient(args.coordinator)
+    client.wait_until_up(args.connect_timeout)
 
     def cancel(signum: int, frame: FrameType | None) -> None:
         say(args.name, f"{signal.Signals(signum).name}: cancelling the job")
@@ -306,11 +278,7 @@ def _worker(args: argparse.Namespace) -> int:
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, cancel)
-    try:
-        exit_code = serve_one_job(client, worker)
-    except (WorkerError, CoordinatorError) as exc:
-        print(f"{PROG} worker: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+    exit_code = serve_one_job(client, worker)
     if args.linger:
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, lambda signum, frame: sys.exit(exit_code))

@@ -7,6 +7,7 @@ import secrets
 from dataclasses import dataclass, replace
 from typing import Any, Literal, get_args
 
+from hypha.accelerate_executor.errors import UsageError
 from hypha.accelerate_executor.local.assets import AssetKind, AssetSpec
 from hypha.accelerate_executor.local.data_service import Catalog
 from hypha.accelerate_executor.local.lenet import LeNetSpec
@@ -51,15 +52,15 @@ class RunOptions:
     def __post_init__(self) -> None:
         for name in ("workers", "rounds", "steps_per_round", "batch_size"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name.replace('_', '-')} must be at least 1")
+                raise UsageError(f"{name.replace('_', '-')} must be at least 1")
         if self.samples_per_round is not None and self.samples_per_round < 1:
-            raise ValueError("samples-per-round must be at least 1")
+            raise UsageError("samples-per-round must be at least 1")
         if self.warmup_steps < 0:
-            raise ValueError("warmup-steps must not be negative")
+            raise UsageError("warmup-steps must not be negative")
         if self.learning_rate <= 0 or self.outer_learning_rate <= 0:
-            raise ValueError("learning rates must be positive")
+            raise UsageError("learning rates must be positive")
         if self.job not in JOB_KINDS:
-            raise ValueError(f"job must be one of {', '.join(JOB_KINDS)}, not {self.job!r}")
+            raise UsageError(f"job must be one of {', '.join(JOB_KINDS)}, not {self.job!r}")
 
     @classmethod
     def for_job(cls, job: JobKind, **overrides: Any) -> RunOptions:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -30,10 +29,9 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 from hypha.accelerate_executor import __version__
-from hypha.accelerate_executor.cli import OneLineArgumentParser
-from hypha.accelerate_executor.errors import EXIT_OK, BuildError, DockerError, HyphaError, ShimError
+from hypha.accelerate_executor.entry import OneLineArgumentParser, run_main
+from hypha.accelerate_executor.errors import EXIT_OK, BuildError, DockerError, ShimError
 from hypha.accelerate_executor.shim.variants import CONTAINER_VARIANTS, HOST_VARIANT, image_tags
-from hypha.accelerate_executor.supervisor import signal_exit_status
 
 if TYPE_CHECKING:
     from docker import APIClient
@@ -361,7 +359,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    try:
+    def body() -> int:
         args = parser().parse_args(argv)
         variants = [*CONTAINER_VARIANTS, HOST_VARIANT] if args.variant == "all" else [args.variant]
         if args.requirements and not args.tag:
@@ -400,10 +398,6 @@ def main(argv: list[str]) -> int:
                 revision=revision,
             )
             build_image(api, root, spec)
-    except HyphaError as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return signal_exit_status(signal.SIGINT)
-    return EXIT_OK
+        return EXIT_OK
+
+    return run_main(PROG, body)

@@ -10,9 +10,9 @@ when the cpu path works.
 
 from __future__ import annotations
 
+import argparse
 import os
 import stat
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -21,8 +21,8 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from hypha.accelerate_executor import __version__
-from hypha.accelerate_executor.cli import OneLineArgumentParser
-from hypha.accelerate_executor.errors import EXIT_FAILED, EXIT_OK, HyphaError, ShimError
+from hypha.accelerate_executor.entry import OneLineArgumentParser, run_main
+from hypha.accelerate_executor.errors import EXIT_FAILED, EXIT_OK, ShimError
 from hypha.accelerate_executor.shim.variants import (
     CONTAINER_VARIANTS,
     NVIDIA_VARIANTS,
@@ -212,11 +212,10 @@ def main(argv: list[str]) -> int:
         metavar="IMG",
         help=f"the cpu image to check and run (default: {' or '.join(image_tags('cpu'))})",
     )
-    try:
-        args = p.parse_args(argv)
-    except HyphaError as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return exc.exit_code
+    return run_main(PROG, lambda: _check(p.parse_args(argv)))
+
+
+def _check(args: argparse.Namespace) -> int:
     checks = run_checks(args.work_dir_base, args.image)
     print(f"{PROG} {__version__}\n{table(checks)}")
     if checks[-1].ok:

@@ -25,11 +25,31 @@ import argparse
 import os
 import re
 import stat
-import sys
 from collections.abc import Callable
 
-from hypha.accelerate_executor.cli import OneLineArgumentParser
-from hypha.accelerate_executor.errors import EXIT_FAILED, HyphaError, ShimError
+from hypha.accelerate_executor.entry import OneLineArgumentParser, run_main, say_error
+from hypha.accelerate_executor.errors import ShimError
+from hypha.accelerate_executor.job import job_bytes, parse_job_bytes
+from hypha.accelerate_executor.shim.accelerators import (
+    ROCM_DEVICES,
+    require_nvidia_runtime,
+    rocm_device_groups,
+)
+from hypha.accelerate_executor.shim.container import run_container
+from hypha.accelerate_executor.shim.engine import connect, find_image, root_cause
+from hypha.accelerate_executor.shim.host import run_bundle
+from hypha.accelerate_executor.shim.hostpath import host_work_dir
+from hypha.accelerate_executor.shim.jobfile import write_job_file
+from hypha.accelerate_executor.shim.reaper import shim_labels
+from hypha.accelerate_executor.shim.spec import (
+    DEFAULT_PIDS_LIMIT,
+    LABEL_JOB_ID,
+    LABEL_VARIANT,
+    LABEL_WORK_DIR,
+    ContainerSpec,
+    default_shm_size,
+    launcher_args,
+)
 from hypha.accelerate_executor.shim.variants import (
     GPU_VARIANTS,
     HOST_VARIANT,
@@ -161,22 +181,14 @@ def _owner(path: str, user: str | None) -> tuple[int, int]:
 
 
 def run(args: argparse.Namespace, interrupts: Interrupts) -> int:
-    from hypha.accelerate_executor.errors import JobSpecError
-    from hypha.accelerate_executor.job import job_bytes, parse_job_bytes
-    from hypha.accelerate_executor.shim.jobfile import write_job_file
-    from hypha.accelerate_executor.shim.spec import launcher_args
-
     _check_combinations(args)
     work_dir = os.path.abspath(args.work_dir)
     socket = os.path.abspath(args.socket)
     _check_paths(work_dir, socket)
     if args.job is None:
         raise ShimError("the job is missing: give --job, or set JOB_JSON")
-    try:
-        data = job_bytes(args.job)
-        job = parse_job_bytes(data)
-    except JobSpecError as exc:
-        raise ShimError(f"bad job: {exc}") from None
+    data = job_bytes(args.job)
+    job = parse_job_bytes(data)
     uid, gid = _owner(work_dir, args.user)
     job_path = write_job_file(work_dir, data, uid, gid)
     command = launcher_args(
@@ -188,8 +200,6 @@ def run(args: argparse.Namespace, interrupts: Interrupts) -> int:
     if "OMP_NUM_THREADS" in os.environ:
         env["OMP_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"]
     if args.variant == HOST_VARIANT:
-        from hypha.accelerate_executor.shim.host import run_bundle
-
         return run_bundle(args.bundle, command, env, interrupts)
     return _run_container(args, job.job_id, work_dir, (uid, gid), command, env, interrupts)
 
@@ -203,24 +213,6 @@ def _run_container(
     env: dict[str, str],
     interrupts: Interrupts,
 ) -> int:
-    from hypha.accelerate_executor.shim.accelerators import (
-        ROCM_DEVICES,
-        require_nvidia_runtime,
-        rocm_device_groups,
-    )
-    from hypha.accelerate_executor.shim.container import run_container
-    from hypha.accelerate_executor.shim.engine import connect, find_image
-    from hypha.accelerate_executor.shim.hostpath import host_work_dir
-    from hypha.accelerate_executor.shim.reaper import shim_labels
-    from hypha.accelerate_executor.shim.spec import (
-        DEFAULT_PIDS_LIMIT,
-        LABEL_JOB_ID,
-        LABEL_VARIANT,
-        LABEL_WORK_DIR,
-        ContainerSpec,
-        default_shm_size,
-    )
-
     api = connect()
     image = find_image(api, args.variant, args.image)
     devices: tuple[str, ...] = ()
@@ -268,19 +260,13 @@ def _run_container(
 
 
 def _say(line: str) -> None:
-    print(f"{PROG}: {line}", file=sys.stderr, flush=True)
+    say_error(PROG, line)
+
+
+def _unexpected(exc: Exception) -> str:
+    """A bug or an engine answer nobody foresaw: still one line."""
+    return f"unexpected {type(exc).__name__}: {' '.join(root_cause(exc).split())}"
 
 
 def main(argv: list[str]) -> int:
-    try:
-        args = parser().parse_args(argv)
-        interrupts = Interrupts()
-        return run(args, interrupts)
-    except HyphaError as exc:
-        _say(str(exc))
-        return exc.exit_code
-    except Exception as exc:  # a bug or an engine answer nobody foresaw: still one line
-        from hypha.accelerate_executor.shim.engine import root_cause
-
-        _say(f"unexpected {type(exc).__name__}: {' '.join(root_cause(exc).split())}")
-        return EXIT_FAILED
+    return run_main(PROG, lambda: run(parser().parse_args(argv), Interrupts()), _unexpected)

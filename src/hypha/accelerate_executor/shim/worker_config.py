@@ -12,10 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 
-from hypha.accelerate_executor.cli import OneLineArgumentParser
-from hypha.accelerate_executor.errors import EXIT_OK, HyphaError, ShimError
+from hypha.accelerate_executor.entry import OneLineArgumentParser, run_main
+from hypha.accelerate_executor.errors import EXIT_OK, ShimError
 from hypha.accelerate_executor.shim.run import USER_PATTERN, pattern_arg
 from hypha.accelerate_executor.shim.spec import (
     LABEL_VARIANT,
@@ -159,11 +158,10 @@ def render(variant: str, mode: str, user: str, bundle: str | None) -> str:
 
 
 def main(argv: list[str]) -> int:
-    try:
+    def body() -> int:
         args = parser().parse_args(argv)
         user = args.user or f"{os.getuid()}:{os.getgid()}"
         print(render(args.variant, args.mode, user, args.bundle), end="")
-    except HyphaError as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return exc.exit_code
-    return EXIT_OK
+        return EXIT_OK
+
+    return run_main(PROG, body)
