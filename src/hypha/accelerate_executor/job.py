@@ -276,16 +276,16 @@ def parse_job_bytes(data: bytes) -> Job:
     except UnicodeDecodeError as exc:
         raise JobSpecError(f"job is not valid UTF-8 (byte {exc.start})") from None
     try:
-        wire = JOB_SPEC.decode(read_struct(text, frozenset(JOB_SPEC.fields)), ())
+        decoded = JOB_SPEC.decode(read_struct(text, frozenset(JOB_SPEC.fields)), ())
     except JsonError as exc:
         raise JobSpecError(f"job is not valid JSON: {exc}") from None
-    if wire["executor"]["class"] == "aggregate":
+    if decoded["executor"]["class"] == "aggregate":
         raise UntrainableJobError(
             "executor.class: 'aggregate' jobs belong to the worker's built-in parameter "
             "server, this executor only runs 'train'"
         )
     try:
-        return Job.model_validate(wire)
+        return Job.model_validate(decoded)
     except ValidationError as exc:
         raise UntrainableJobError(f"cannot train: {_first_error(exc)}") from None
 

@@ -1,14 +1,15 @@
 """`hypha-accelerate run`: what the Hypha worker starts for one job.
 
-    hypha-accelerate run --variant cpu|cu126|cu129|cu130|rocm64|mps-host --socket S --work-dir W
+    hypha-accelerate run --variant VARIANT --socket S --work-dir W
         [--job J] [--image IMG] [--bundle DIR] [--user UID:GID] [--network none|NAME]
         [--gpus all|0,1] [--accelerate-config auto|NAME|PATH] [--num-processes N]
         [--memory 8g] [--shm-size 8g | --ipc host] [--pids-limit N]
         [--trust-remote-code | --no-remote-code]
 
-Runs the variant's image with WORK_DIR (and so the bridge socket) bind-mounted at the same
-path, as the uid:gid owning WORK_DIR, with no network and no capabilities, and re-prints
-the executor's output line by line; `mps-host` runs the bundle as a host process instead.
+VARIANT is one of shim/variants.py's (`--help` lists them). Runs the variant's image with
+WORK_DIR (and so the bridge socket) bind-mounted at the same path, as the uid:gid owning
+WORK_DIR, with no network and no capabilities, and re-prints the executor's output line by
+line; `mps-host` runs the bundle as a host process instead.
 The job comes from JOB_JSON, which the Hypha worker sets, unless --job gives it: on a
 command line it would show in every local user's process list, tokens included.
 Exits with the executor's exit code; 143/130 when cancelled by SIGTERM/SIGINT; 2 for bad
