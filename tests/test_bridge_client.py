@@ -209,6 +209,6 @@ def test_executor_refuses_a_hostile_bridge_with_one_line(scripted_bridge, tmp_pa
     )  # fmt: skip
     assert done.returncode == 1, done.stderr
     assert done.stderr.strip().splitlines() == [
-        "hypha-executor: refused path '../../etc/passwd': not a relative path inside the work dir"
+        "hypha.accelerate_executor.training: refused path '../../etc/passwd': not a relative path inside the work dir"
     ]
     assert time.monotonic() - started < 60

@@ -208,7 +208,7 @@ def test_bridge_death_while_waiting_for_the_update_ends_the_executor(
         finally:
             process.kill()
     assert code == 1 and took < 10, (code, took, stderr)
-    assert stderr.strip().splitlines()[-1].startswith("hypha-executor: ")
+    assert stderr.strip().splitlines()[-1].startswith("hypha.accelerate_executor.training: ")
     assert "update stream" in stderr
 
 
@@ -223,7 +223,7 @@ def test_bridge_death_mid_training_ends_the_executor(assets_dir: Path, short_tmp
             process.kill()
     assert code == 1 and took < 10, (code, took, stderr)
     last = stderr.strip().splitlines()[-1]
-    assert last.startswith("hypha-executor: ") and "bridge" in last
+    assert last.startswith("hypha.accelerate_executor.training: ") and "bridge" in last
     assert "Traceback" not in stderr
 
 

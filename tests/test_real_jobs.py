@@ -138,7 +138,7 @@ def test_remote_code_is_refused_unless_allowed(catalog: Catalog, short_tmp: Path
     result, _ = run_default_job(catalog, short_tmp, EXECUTOR, {"HYPHA_TRUST_REMOTE_CODE": ""})
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
-        "hypha-executor: bad job: the model ships its own Python code (config.json has an "
+        "hypha.accelerate_executor.training: bad job: the model ships its own Python code (config.json has an "
         "auto_map); set HYPHA_TRUST_REMOTE_CODE=1 to allow it"
     )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 
-from hypha.accelerate_executor.shim.output import MAX_LINE_CHARS, LineWriter
+from hypha.accelerate_executor.shim.line_writer import MAX_LINE_CHARS, LineWriter
 
 
 def _through(*chunks: bytes) -> bytes:

@@ -26,9 +26,9 @@ error's `exit_code`.
     │   ├── DockerError         Docker cannot run the container (engine, image, runtime): 125
     │   └── BuildError          a step of an image or bundle build failed: 1
     └── LocalError              the local stand-in for the Hypha side
-        ├── Rejection           a request refused at the bridge's HTTP layer (status, body)
+        ├── BridgeRefusal       a request the bridge refuses: its HTTP status and body
         ├── BackendError        a failure beyond the bridge, answered 500 with its kind
-        ├── Refusal             a request the coordinator refuses (status, kind)
+        ├── CoordinatorRefusal  a request the coordinator refuses (status, kind)
         ├── ProgressError       a progress message the scheduler answers with Error
         ├── WorkerError         the local worker cannot run the job
         └── CoordinatorError    the coordinator refused a request or cannot be reached
@@ -193,7 +193,7 @@ class LocalError(HyphaError):
     """A failure of the local stand-in (coordinator, worker, bridge server)."""
 
 
-class Rejection(LocalError):
+class BridgeRefusal(LocalError):
     """A request refused before or at its route: status, body and its content type."""
 
     def __init__(
@@ -214,7 +214,7 @@ class BackendError(LocalError):
         self.detail = detail
 
 
-class Refusal(LocalError):
+class CoordinatorRefusal(LocalError):
     """A request the coordinator refuses: the HTTP status, the error kind, one line."""
 
     def __init__(self, status: int, kind: str, detail: str) -> None:

@@ -2,8 +2,8 @@
 types accept it, and refused beyond that only where it cannot train.
 
 One declaration, two steps. The models below restate Hypha's `JobSpec` (crates/messages)
-type by type; `wirejson` and `serde` read the text as serde_json and serde do with it
-(serde.wire_type derives serde's reading from the models' annotations): that decides
+type by type; `serde_json` and `serde` read the text as serde_json and serde do with it
+(serde.serde_type derives serde's reading from the models' annotations): that decides
 accept or refuse. The same models then give the executor typed access and, by their
 constraints, refuse the few jobs serde accepts but no executor could train, each listed in
 the README's "Jobs refused beyond serde". Pure pydantic: the host shim imports this module,
@@ -32,7 +32,7 @@ from hypha.accelerate_executor.serde import (
     struct,
     tagged,
 )
-from hypha.accelerate_executor.wirejson import read_struct
+from hypha.accelerate_executor.serde_json import read_struct
 
 # serde's kebab-case of upstream's ModelType; `vison2-seq` (sic) is how it spells Vison2Seq,
 # and "vision2-seq" is unknown to it.
@@ -52,7 +52,7 @@ PreprocessorTask = Literal["tokenizer", "feature", "image", "video", "auto"]
 
 
 # Hypha's types (crates/messages/src/lib.rs), declared once: the annotations say what serde
-# accepts (serde.wire_type; a WireType in `Annotated` where Python's type says too little),
+# accepts (serde.serde_type; a SerdeType in `Annotated` where Python's type says too little),
 # the constraints and validators what the executor refuses beyond serde (README: "Jobs
 # refused beyond serde"). Fields stand in upstream's declaration order, which serde reads
 # arrays in, and a new field is one line here.

@@ -1,4 +1,4 @@
-"""Rust types as serde decodes them from JSON, for values read by `wirejson`.
+"""Rust types as serde decodes them from JSON, for values read by `serde_json.py`.
 
 Each class stands for a Rust type with its serde attributes; `decode` accepts exactly what
 serde (1.0, with serde_json) accepts for that type and returns it in its canonical JSON
@@ -17,7 +17,7 @@ The rules that surprise a Python reader are serde's own:
 Messages name the field and the problem and never quote a string from the input: the job
 may carry a token.
 
-`wire_type` derives these from pydantic models, so that the job's types are declared once
+`serde_type` derives these from pydantic models, so that the job's types are declared once
 (job.py): serde's reading follows from the annotations, and the models' own constraints
 are what the executor refuses beyond serde.
 """
@@ -34,7 +34,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel
 
 from hypha.accelerate_executor.errors import SerdeError
-from hypha.accelerate_executor.wirejson import Obj, Value
+from hypha.accelerate_executor.serde_json import Obj, Value
 
 Path = tuple[str | int, ...]
 
@@ -53,7 +53,7 @@ def _kind(value: Value) -> str:
     return "an array" if isinstance(value, list) else "an object"
 
 
-class WireType:
+class SerdeType:
     def decode(self, value: Value, path: Path) -> Any:
         raise NotImplementedError
 
@@ -61,14 +61,14 @@ class WireType:
         return SerdeError(path, f"invalid type: {_kind(value)}, expected {expected}")
 
 
-class Str(WireType):
+class Str(SerdeType):
     def decode(self, value: Value, path: Path) -> str:
         if not isinstance(value, str):
             raise self.mismatch(value, path, "a string")
         return value
 
 
-class Integer(WireType):
+class Integer(SerdeType):
     def __init__(self, rust: str) -> None:
         bits = int(rust[1:])
         self.rust = rust
@@ -83,14 +83,14 @@ class Integer(WireType):
         return value
 
 
-class F64(WireType):
+class F64(SerdeType):
     def decode(self, value: Value, path: Path) -> float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise self.mismatch(value, path, "f64")
         return float(value)
 
 
-class Checked(WireType):
+class Checked(SerdeType):
     """A string type whose syntax is checked (Uuid, PeerId)."""
 
     def __init__(self, what: str, valid: Callable[[str], bool]) -> None:
@@ -104,8 +104,8 @@ class Checked(WireType):
         return value
 
 
-class Vec(WireType):
-    def __init__(self, item: WireType) -> None:
+class Vec(SerdeType):
+    def __init__(self, item: SerdeType) -> None:
         self.item = item
 
     def decode(self, value: Value, path: Path) -> list[Any]:
@@ -114,8 +114,8 @@ class Vec(WireType):
         return [self.item.decode(item, (*path, i)) for i, item in enumerate(value)]
 
 
-class Array(WireType):
-    def __init__(self, item: WireType, length: int) -> None:
+class Array(SerdeType):
+    def __init__(self, item: SerdeType, length: int) -> None:
         self.item, self.length = item, length
 
     def decode(self, value: Value, path: Path) -> list[Any]:
@@ -126,8 +126,8 @@ class Array(WireType):
         return [self.item.decode(item, (*path, i)) for i, item in enumerate(value)]
 
 
-class Option(WireType):
-    def __init__(self, inner: WireType) -> None:
+class Option(SerdeType):
+    def __init__(self, inner: SerdeType) -> None:
         self.inner = inner
 
     def decode(self, value: Value, path: Path) -> Any:
@@ -141,10 +141,10 @@ class Default(Option):
         return self.inner.decode(value, path)
 
 
-class Struct(WireType):
+class Struct(SerdeType):
     """A struct by its fields as spelled on the wire, in declaration order."""
 
-    def __init__(self, fields: dict[str, WireType]) -> None:
+    def __init__(self, fields: dict[str, SerdeType]) -> None:
         self.fields = fields
 
     def decode(self, value: Value, path: Path) -> dict[str, Any]:
@@ -176,7 +176,7 @@ def _expected(names: list[str]) -> str:
     return "one of " + ", ".join(names)
 
 
-class UnitEnum(WireType):
+class UnitEnum(SerdeType):
     """An externally tagged enum of unit variants, as serde derives it."""
 
     def __init__(self, *names: str) -> None:
@@ -198,7 +198,7 @@ class UnitEnum(WireType):
         return name
 
 
-class Tagged(WireType):
+class Tagged(SerdeType):
     """An internally tagged enum, `#[serde(tag = ...)]`; a variant is a Struct or None (a
     unit variant). `index_tags`: the content was buffered by an enclosing tagged enum, so a
     variant's index may stand for its name."""
@@ -244,10 +244,10 @@ class Tagged(WireType):
         raise self.mismatch(tag, path, "a variant name")
 
 
-class TryFrom(WireType):
+class TryFrom(SerdeType):
     """`#[serde(try_from = ...)]`: the inner type, then a check that may refuse it."""
 
-    def __init__(self, inner: WireType, problem: Callable[[Any], str | None]) -> None:
+    def __init__(self, inner: SerdeType, problem: Callable[[Any], str | None]) -> None:
         self.inner, self.problem = inner, problem
 
     def decode(self, value: Value, path: Path) -> Any:
@@ -322,18 +322,18 @@ PEER_ID = Checked("a libp2p peer id", is_peer_id)
 # Derived from pydantic annotations: serde's reading of a model follows from its fields.
 
 
-def wire_type(annotation: Any, metadata: Sequence[Any] = ()) -> WireType:
-    """The serde type of a pydantic annotation. A WireType among its `Annotated` metadata
+def serde_type(annotation: Any, metadata: Sequence[Any] = ()) -> SerdeType:
+    """The serde type of a pydantic annotation. A SerdeType among its `Annotated` metadata
     states it outright (the width of an integer, a checked string, a field whose model is
     narrower than what serde accepts); otherwise str, float, Literal (an enum of unit
     variants), list, a tuple of one type (an array), `X | None`, a model (a struct) and a
     union of tagged models (`tagged`) are read as serde derives them."""
     for item in metadata:
-        if isinstance(item, WireType):
+        if isinstance(item, SerdeType):
             return item
     origin, args = get_origin(annotation), get_args(annotation)
     if origin is Annotated:
-        return wire_type(args[0], [*metadata, *annotation.__metadata__])
+        return serde_type(args[0], [*metadata, *annotation.__metadata__])
     if annotation is str:
         return Str()
     if annotation is float:
@@ -341,26 +341,26 @@ def wire_type(annotation: Any, metadata: Sequence[Any] = ()) -> WireType:
     if origin is Literal:
         return UnitEnum(*args)
     if origin is list:
-        return Vec(wire_type(args[0]))
+        return Vec(serde_type(args[0]))
     if origin is tuple and len(set(args)) == 1:
-        return Array(wire_type(args[0]), len(args))
+        return Array(serde_type(args[0]), len(args))
     if origin in (Union, types.UnionType):
         present = [arg for arg in args if arg is not types.NoneType]
         if len(present) < len(args):
-            return Option(wire_type(functools.reduce(operator.or_, present)))
+            return Option(serde_type(functools.reduce(operator.or_, present)))
         return tagged(*present)
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return struct(annotation)
-    raise TypeError(f"no serde type for {annotation!r}: annotate it with a WireType")
+    raise TypeError(f"no serde type for {annotation!r}: annotate it with a SerdeType")
 
 
 def struct(model: type[BaseModel], skip: str | None = None) -> Struct:
     """A model's fields, by their wire names, in declaration order (serde's for arrays)."""
-    fields: dict[str, WireType] = {}
+    fields: dict[str, SerdeType] = {}
     for name, field in model.model_fields.items():
         if name == skip:
             continue
-        kind = wire_type(field.annotation, field.metadata)
+        kind = serde_type(field.annotation, field.metadata)
         if not field.is_required() and not isinstance(kind, Option):
             raise TypeError(f"{model.__name__}.{name}: only an Option may be left out in serde")
         fields[field.alias or name] = kind

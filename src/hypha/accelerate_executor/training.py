@@ -45,7 +45,8 @@ if TYPE_CHECKING:
     from hypha.accelerate_executor.steps import MicroBatchedStep
     from hypha.accelerate_executor.sync import Synchroniser
 
-PROG = "hypha-executor"
+# The module a worker runs (`python -m ...`), and what this process's own lines start with.
+PROG = "hypha.accelerate_executor.training"
 PSEUDO_GRADIENT_DTYPES = ("float32", "bfloat16")
 
 
@@ -340,7 +341,8 @@ def micro_batch_size(value: str) -> int | None:
 
 def parse_arguments(argv: list[str]) -> argparse.Namespace:
     parser = OneLineArgumentParser(
-        prog=PROG, description="Run one Hypha DiLoCo training job over the Job Bridge."
+        prog=f"python -m {PROG}",
+        description="Run one Hypha DiLoCo training job over the Job Bridge.",
     )
     parser.add_argument("--socket", required=True, type=Path, help="the Job Bridge's Unix socket")
     parser.add_argument("--work-dir", required=True, type=Path, help="the job's work dir")

@@ -16,9 +16,9 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from hypha.accelerate_executor.errors import Rejection, SerdeError
-from hypha.accelerate_executor.serde import WireType
-from hypha.accelerate_executor.wirejson import from_python
+from hypha.accelerate_executor.errors import BridgeRefusal, SerdeError
+from hypha.accelerate_executor.serde import SerdeType
+from hypha.accelerate_executor.serde_json import from_python
 
 MAX_BODY_BYTES = 2 * 1024 * 1024
 # A refused body up to this size is read and dropped; a larger one costs the connection.
@@ -30,29 +30,29 @@ def _refuse_constant(name: str) -> Any:
 
 
 def read_json(handler: BaseHTTPRequestHandler) -> Any:
-    """The request's body as JSON: 415, 413 or 400 (a Rejection) when axum would refuse it."""
+    """The request's body as JSON: 415, 413 or 400 (a BridgeRefusal) when axum would refuse it."""
     content_type = handler.headers.get("Content-Type", "").split(";")[0].strip().lower()
     is_json = content_type == "application/json" or (
         content_type.startswith("application/") and content_type.endswith("+json")
     )
     if not is_json:
         # Drained first, so the client sees the answer, not a broken pipe.
-        with suppress(Rejection):
+        with suppress(BridgeRefusal):
             _read_body(handler)
-        raise Rejection(415, "Expected request with `Content-Type: application/json`")
+        raise BridgeRefusal(415, "Expected request with `Content-Type: application/json`")
     body = _read_body(handler)
     try:
         return json.loads(body.decode("utf-8"), parse_constant=_refuse_constant)
     except (UnicodeDecodeError, ValueError) as exc:
-        raise Rejection(400, f"Failed to parse the request body as JSON: {exc}") from None
+        raise BridgeRefusal(400, f"Failed to parse the request body as JSON: {exc}") from None
 
 
-def _unprocessable(detail: str) -> Rejection:
-    return Rejection(422, f"Failed to deserialize the JSON body into the target type: {detail}")
+def _unprocessable(detail: str) -> BridgeRefusal:
+    return BridgeRefusal(422, f"Failed to deserialize the JSON body into the target type: {detail}")
 
 
 def shaped(adapter: TypeAdapter[Any], raw: Any) -> Any:
-    """`raw` validated into the route's pydantic shape (wire.py), or the 422 serde's error
+    """`raw` validated into the route's pydantic shape (bridge_bodies.py), or the 422 serde's error
     gives."""
     try:
         return adapter.validate_python(raw)
@@ -62,8 +62,8 @@ def shaped(adapter: TypeAdapter[Any], raw: Any) -> Any:
         raise _unprocessable(f"{where}: {error['msg']}") from None
 
 
-def deserialized(kind: WireType, raw: Any) -> Any:
-    """`raw` read as the route's serde type (wire.py) in its canonical shape, or the 422."""
+def deserialized(kind: SerdeType, raw: Any) -> Any:
+    """`raw` read as the route's serde type (bridge_bodies.py) in its canonical shape, or the 422."""
     try:
         return kind.decode(from_python(raw), ())
     except SerdeError as exc:
@@ -71,7 +71,7 @@ def deserialized(kind: WireType, raw: Any) -> Any:
 
 
 def _read_body(handler: BaseHTTPRequestHandler) -> bytes:
-    too_large = Rejection(413, "Failed to buffer the request body: length limit exceeded")
+    too_large = BridgeRefusal(413, "Failed to buffer the request body: length limit exceeded")
     if "chunked" in handler.headers.get("Transfer-Encoding", "").lower():
         return _read_chunked(handler, too_large)
     length_header = handler.headers.get("Content-Length")
@@ -83,7 +83,7 @@ def _read_body(handler: BaseHTTPRequestHandler) -> bytes:
             raise ValueError(length_header)
     except ValueError:
         handler.close_connection = True
-        raise Rejection(400, "invalid Content-Length header") from None
+        raise BridgeRefusal(400, "invalid Content-Length header") from None
     if length > MAX_BODY_BYTES:
         _discard(handler, length)
         raise too_large
@@ -102,7 +102,7 @@ def _discard(handler: BaseHTTPRequestHandler, length: int) -> None:
         length -= len(chunk)
 
 
-def _read_chunked(handler: BaseHTTPRequestHandler, too_large: Rejection) -> bytes:
+def _read_chunked(handler: BaseHTTPRequestHandler, too_large: BridgeRefusal) -> bytes:
     rfile = handler.rfile
     body = bytearray()
     total = 0
@@ -112,7 +112,7 @@ def _read_chunked(handler: BaseHTTPRequestHandler, too_large: Rejection) -> byte
             size = int(line.split(b";")[0].strip(), 16)
         except ValueError:
             handler.close_connection = True
-            raise Rejection(400, "malformed chunked body") from None
+            raise BridgeRefusal(400, "malformed chunked body") from None
         if size == 0:
             while rfile.readline(1024) not in (b"\r\n", b"\n", b""):
                 pass  # trailers

@@ -22,24 +22,24 @@ from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
-from hypha.accelerate_executor.errors import BackendError, ErrorKind, Rejection
-from hypha.accelerate_executor.local import wire
+from hypha.accelerate_executor.errors import BackendError, BridgeRefusal, ErrorKind
+from hypha.accelerate_executor.local import bridge_bodies
 from hypha.accelerate_executor.local.backend import BridgeBackend, Push
-from hypha.accelerate_executor.local.output import warn
+from hypha.accelerate_executor.local.console import warn
 
 DEFAULT_RECEIVE_DIR = "incoming"
 # How long one poll for pushes waits; bounds how long stop() waits for the poller.
 PUSH_POLL_S = 0.2
 
 
-def invalid_request(detail: str) -> Rejection:
-    return Rejection(
+def invalid_request(detail: str) -> BridgeRefusal:
+    return BridgeRefusal(
         400, json.dumps({"error": "invalid_request", "detail": detail}), "application/json"
     )
 
 
-def server_error(kind: ErrorKind, detail: str) -> Rejection:
-    return Rejection(500, json.dumps({"error": kind, "detail": detail}), "application/json")
+def server_error(kind: ErrorKind, detail: str) -> BridgeRefusal:
+    return BridgeRefusal(500, json.dumps({"error": kind, "detail": detail}), "application/json")
 
 
 class JobBridge:
@@ -103,7 +103,7 @@ class JobBridge:
     # What each route does; the handler parses the request and writes the answer.
 
     def fetch(self, reference: dict[str, Any]) -> list[dict[str, Any]]:
-        """`reference`: a Reference as serde decodes it (wire.BODY_REFERENCE)."""
+        """`reference`: a Reference as serde decodes it (bridge_bodies.BODY_REFERENCE)."""
         kind = reference["type"]
         if kind == "peers":
             raise invalid_request(
@@ -136,7 +136,7 @@ class JobBridge:
         return fetched
 
     def send(self, request: dict[str, Any]) -> None:
-        """`request`: wire.SEND_REQUEST as serde decodes it."""
+        """`request`: bridge_bodies.SEND_REQUEST as serde decodes it."""
         resource, relative = request["resource"], request["path"]
         if resource["type"] != "peers":
             raise invalid_request("send takes a peers reference")
@@ -162,7 +162,7 @@ class JobBridge:
 
     def open_stream(self, request: dict[str, Any]) -> queue.Queue[dict[str, Any] | None] | None:
         """Registers the job's one receive stream; None when one was registered before.
-        `request`: wire.RECEIVE_REQUEST as serde decodes it."""
+        `request`: bridge_bodies.RECEIVE_REQUEST as serde decodes it."""
         resource = request["resource"]
         if resource["type"] != "peers":
             raise invalid_request("receive takes a peers reference")
@@ -186,7 +186,7 @@ class JobBridge:
 
     def status(self, progress: Any) -> dict[str, Any]:
         try:
-            return self.backend.status(wire.PROGRESS.dump_python(progress, mode="json"))
+            return self.backend.status(bridge_bodies.PROGRESS.dump_python(progress, mode="json"))
         except BackendError as exc:
             raise server_error(exc.kind, exc.detail) from None
 
@@ -285,7 +285,7 @@ class JobBridge:
 
         try:
             size = self._write(self._relative(rel), produce)
-        except Rejection as exc:
+        except BridgeRefusal as exc:
             self.log(f"could not store the push from {push.from_peer}: {exc.body.decode()}")
             return
         with self._lock:

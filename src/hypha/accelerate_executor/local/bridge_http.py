@@ -14,8 +14,8 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import urlsplit
 
-from hypha.accelerate_executor.errors import Rejection
-from hypha.accelerate_executor.local import wire
+from hypha.accelerate_executor.errors import BridgeRefusal
+from hypha.accelerate_executor.local import bridge_bodies
 from hypha.accelerate_executor.local.axum_body import deserialized, read_json, shaped
 from hypha.accelerate_executor.local.bridge_core import JobBridge
 from hypha.accelerate_executor.local.serving import LISTEN_BACKLOG, TracksConnections
@@ -59,7 +59,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         path = urlsplit(self.path).path
         if path == "/openapi.json":
-            self._reply(200, json.dumps(wire.openapi_document()).encode(), "application/json")
+            self._reply(
+                200, json.dumps(bridge_bodies.openapi_document()).encode(), "application/json"
+            )
         elif path in _POST_ROUTES:
             self._reply(405, b"", None, allow="POST")
         else:
@@ -76,19 +78,21 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             raw = read_json(self)
             if path == "/resources/fetch":
-                reference = deserialized(wire.BODY_REFERENCE, raw)
+                reference = deserialized(bridge_bodies.BODY_REFERENCE, raw)
                 self._reply(
                     200, json.dumps(self.bridge.fetch(reference)).encode(), "application/json"
                 )
             elif path == "/resources/send":
-                self.bridge.send(deserialized(wire.SEND_REQUEST, raw))
+                self.bridge.send(deserialized(bridge_bodies.SEND_REQUEST, raw))
                 self._reply(200, b"", None)
             elif path == "/resources/receive":
-                self._stream(self.bridge.open_stream(deserialized(wire.RECEIVE_REQUEST, raw)))
+                self._stream(
+                    self.bridge.open_stream(deserialized(bridge_bodies.RECEIVE_REQUEST, raw))
+                )
             else:
-                answer = self.bridge.status(shaped(wire.PROGRESS, raw))
+                answer = self.bridge.status(shaped(bridge_bodies.PROGRESS, raw))
                 self._reply(200, json.dumps(answer).encode(), "application/json")
-        except Rejection as exc:
+        except BridgeRefusal as exc:
             self._reply(exc.status, exc.body, exc.content_type)
 
     def do_PUT(self) -> None:

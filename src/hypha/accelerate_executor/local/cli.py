@@ -17,8 +17,8 @@ from types import FrameType
 
 from hypha.accelerate_executor.entry import OneLineArgumentParser, run_main
 from hypha.accelerate_executor.errors import EXIT_FAILED, EXIT_OK, LocalError, UsageError
+from hypha.accelerate_executor.local.console import say
 from hypha.accelerate_executor.local.jobs import JOB_KINDS
-from hypha.accelerate_executor.local.output import say
 
 PROG = "hypha-accelerate local"
 

@@ -18,12 +18,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from hypha.accelerate_executor.errors import BackendError, ProgressError, Refusal
+from hypha.accelerate_executor.errors import BackendError, CoordinatorRefusal, ProgressError
 from hypha.accelerate_executor.local.aggregation import Aggregation
 from hypha.accelerate_executor.local.backend import ERROR_KINDS, Push, RemoteFile
+from hypha.accelerate_executor.local.console import say, warn
 from hypha.accelerate_executor.local.data_service import Catalog, DataService
 from hypha.accelerate_executor.local.jobs import RunOptions, job_spec, new_peer_id
-from hypha.accelerate_executor.local.output import say, warn
 from hypha.accelerate_executor.local.parameter_server import NesterovOuterOptimizer
 from hypha.accelerate_executor.local.records import RoundRecord, WorkerRecord
 from hypha.accelerate_executor.local.scheduler import BatchScheduler, State
@@ -83,13 +83,17 @@ class CoordinatorCore:
     def assign_job(self, worker_name: str) -> dict[str, Any]:
         with self._cond:
             if any(worker.name == worker_name for worker in self.workers.values()):
-                raise Refusal(409, "invalid_request", f"worker {worker_name!r} already had its job")
+                raise CoordinatorRefusal(
+                    409, "invalid_request", f"worker {worker_name!r} already had its job"
+                )
             if len(self.workers) >= self.options.workers:
-                raise Refusal(
+                raise CoordinatorRefusal(
                     409, "invalid_request", f"all {self.options.workers} jobs are assigned"
                 )
             if self.cancelled is not None:
-                raise Refusal(409, "invalid_request", f"the run is cancelled: {self.cancelled}")
+                raise CoordinatorRefusal(
+                    409, "invalid_request", f"the run is cancelled: {self.cancelled}"
+                )
             record = WorkerRecord(worker_name, new_peer_id(), str(uuid.uuid4()), time.time())
             self.workers[record.job_id] = record
             self.scheduler.add_worker(record.peer_id, self.options.batch_size)
@@ -118,7 +122,7 @@ class CoordinatorCore:
     def _record(self, job_id: str) -> WorkerRecord:
         record = self.workers.get(job_id)
         if record is None:
-            raise Refusal(404, "connector_error", f"no job {job_id}")
+            raise CoordinatorRefusal(404, "connector_error", f"no job {job_id}")
         return record
 
     # Data service and model store.
@@ -187,7 +191,7 @@ class CoordinatorCore:
             return answer
         if progress == "updated":
             return {"type": "Ok"}
-        raise Refusal(400, "invalid_request", "unknown progress message")
+        raise CoordinatorRefusal(400, "invalid_request", "unknown progress message")
 
     def _violation(self, record: WorkerRecord, what: str) -> None:
         record.violations.append(what)
@@ -220,7 +224,7 @@ class CoordinatorCore:
         with self._cond:
             record = self._record(job_id)
             if peer != self.parameter_server_peer:
-                raise Refusal(502, "network_error", f"peer {peer} is not reachable")
+                raise CoordinatorRefusal(502, "network_error", f"peer {peer} is not reachable")
             if not self.aggregation.submit(job_id, data):
                 self._violation(record, f"a second pseudo-gradient in round {record.round.index}")
 
@@ -289,7 +293,7 @@ def _as_backend_error() -> Iterator[None]:
     """The coordinator's refusals as the bridge sees them over TCP (coordinator_client.py)."""
     try:
         yield
-    except Refusal as exc:
+    except CoordinatorRefusal as exc:
         kind = exc.kind if exc.kind in ERROR_KINDS else "connector_error"
         raise BackendError(kind, exc.detail) from None
     except (ValueError, KeyError, TypeError) as exc:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from hypha.accelerate_executor.errors import Refusal
+from hypha.accelerate_executor.errors import CoordinatorRefusal
 from hypha.accelerate_executor.local.coordinator_core import CoordinatorCore
 from hypha.accelerate_executor.local.serving import LISTEN_BACKLOG, AcceptLoop, TracksConnections
 
@@ -117,8 +117,10 @@ class _Handler(BaseHTTPRequestHandler):
                     )
                     self._json({})
                 case _:
-                    raise Refusal(404, "invalid_request", f"no route {method} {url.path}")
-        except Refusal as exc:
+                    raise CoordinatorRefusal(
+                        404, "invalid_request", f"no route {method} {url.path}"
+                    )
+        except CoordinatorRefusal as exc:
             self._json({"error": exc.kind, "detail": exc.detail}, exc.status)
         except (ValueError, KeyError, TypeError) as exc:
             self._json({"error": "invalid_request", "detail": f"malformed request: {exc}"}, 400)
@@ -140,7 +142,7 @@ class _Handler(BaseHTTPRequestHandler):
             source = path.open("rb")
             size = os.fstat(source.fileno()).st_size
         except OSError as exc:
-            raise Refusal(
+            raise CoordinatorRefusal(
                 500, "connector_error", f"cannot read {path.name}: {exc.strerror}"
             ) from None
         with source:

@@ -15,7 +15,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from hypha.accelerate_executor.errors import Refusal
+from hypha.accelerate_executor.errors import CoordinatorRefusal
 from hypha.accelerate_executor.local.assets import Assets
 
 
@@ -114,9 +114,11 @@ class DataService:
         catalog = self.catalog
         if kind == "scheduler":
             if reference.get("peer") != self.scheduler_peer:
-                raise Refusal(502, "network_error", f"no scheduler at peer {reference.get('peer')}")
+                raise CoordinatorRefusal(
+                    502, "network_error", f"no scheduler at peer {reference.get('peer')}"
+                )
             if reference.get("dataset") != catalog.dataset_name:
-                raise Refusal(
+                raise CoordinatorRefusal(
                     404,
                     "connector_error",
                     f"the scheduler has no data set {reference.get('dataset')!r}",
@@ -134,17 +136,17 @@ class DataService:
             file = urlsplit(str(reference.get("value"))).path.rsplit("/", 1)[-1]
             path = _inside(catalog.models_dir / "uri", unquote(file))
             return [self._blob(file, path, f"nothing is served at {reference.get('value')}")], None
-        raise Refusal(400, "invalid_request", f"cannot fetch a {kind} reference")
+        raise CoordinatorRefusal(400, "invalid_request", f"cannot fetch a {kind} reference")
 
     def blob_path(self, blob: str) -> Path:
         path = self._blobs.get(blob)
         if path is None:
-            raise Refusal(404, "connector_error", f"no blob {blob}")
+            raise CoordinatorRefusal(404, "connector_error", f"no blob {blob}")
         return path
 
     def _blob(self, name: str, path: Path, missing: str = "") -> dict[str, str]:
         if not path.is_file():
-            raise Refusal(404, "connector_error", missing or f"{path.name} is missing")
+            raise CoordinatorRefusal(404, "connector_error", missing or f"{path.name} is missing")
         blob = secrets.token_hex(8)
         self._blobs[blob] = path
         return {"name": name, "blob": blob}
@@ -153,5 +155,5 @@ class DataService:
 def _inside(root: Path, relative: str) -> Path:
     pure = PurePosixPath(relative)
     if not relative or pure.is_absolute() or ".." in pure.parts:
-        raise Refusal(404, "connector_error", f"no such item {relative!r}")
+        raise CoordinatorRefusal(404, "connector_error", f"no such item {relative!r}")
     return root / pure

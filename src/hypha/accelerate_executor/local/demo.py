@@ -18,10 +18,10 @@ from types import FrameType
 
 from hypha.accelerate_executor.errors import CoordinatorError, WorkerError
 from hypha.accelerate_executor.local.assets import ensure_assets
+from hypha.accelerate_executor.local.console import say, warn
 from hypha.accelerate_executor.local.coordinator import Catalog, Coordinator, RunOptions
 from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
 from hypha.accelerate_executor.local.executor_entries import ExecutorEntry
-from hypha.accelerate_executor.local.output import say, warn
 from hypha.accelerate_executor.local.report import finish
 from hypha.accelerate_executor.local.worker import LocalWorker, serve_one_job
 

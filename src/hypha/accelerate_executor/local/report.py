@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from hypha.accelerate_executor.local.output import say
+from hypha.accelerate_executor.local.console import say
 
 # The run passes when the last round's mean loss is at most this fraction of the first's.
 LOSS_RATIO = 0.6

@@ -10,7 +10,7 @@ import threading
 from contextlib import suppress
 from typing import Any
 
-from hypha.accelerate_executor.local.output import warn
+from hypha.accelerate_executor.local.console import warn
 
 # Both servers' listen backlog: what tokio's listeners use (mio listens with 1024), where
 # socketserver's default of 5 would refuse a burst of concurrent statuses.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hypha.accelerate_executor.local.output import say, warn
+from hypha.accelerate_executor.local.console import say, warn
 
 
 class StdoutEcho:

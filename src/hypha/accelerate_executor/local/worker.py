@@ -21,9 +21,9 @@ from pathlib import Path
 from hypha.accelerate_executor.errors import BackendError, CoordinatorError, WorkerError
 from hypha.accelerate_executor.local.backend import BridgeBackend
 from hypha.accelerate_executor.local.bridge_server import BridgeServer
+from hypha.accelerate_executor.local.console import say, warn
 from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
 from hypha.accelerate_executor.local.executor_entries import ExecutorEntry, substitute
-from hypha.accelerate_executor.local.output import say, warn
 from hypha.accelerate_executor.local.stdout_echo import StdoutEcho
 from hypha.accelerate_executor.local.work_dirs import make_work_dir, remove_work_dir
 from hypha.accelerate_executor.supervisor import (

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from hypha.accelerate_executor.errors import DockerError, ShimError
-from hypha.accelerate_executor.shim.output import LineWriter
+from hypha.accelerate_executor.shim.line_writer import LineWriter
 from hypha.accelerate_executor.shim.variants import HOST_VARIANT, build_command
 from hypha.accelerate_executor.shim.watchdog import guard_process_group
 from hypha.accelerate_executor.supervisor import Interrupts, Supervisor
