@@ -433,7 +433,7 @@ def _rounds_notes(
                 )
                 cpu = statistics.median(r.cpu_ms_per_batch for r in result.runs[delay][name])
                 notes.append(
-                    f"short rounds +{delay} ms, {name}: per round and worker (medians, ms) "
+                    f"short rounds {result.model} +{delay} ms, {name}: per round and worker (medians, ms) "
                     f"{split}; CPU {cpu:.1f} ms a batch, all its threads"
                 )
     for result in short_rounds:

@@ -93,13 +93,14 @@ def executor_steps(steps: int, socket_path: Path, work_dir: Path) -> Callable[[]
     from hypha.accelerate_executor.data import Share, worker_batches
     from hypha.accelerate_executor.distributed import Ranks
     from hypha.accelerate_executor.progress import StatusReporter
-    from hypha.accelerate_executor.steps import MicroBatchedStep
+    from hypha.accelerate_executor.steps import MicroBatchedStep, plain_optimizer
     from hypha.accelerate_executor.training import TRAIN_ON, scheduler_decision
 
     accelerator = Accelerator(cpu=True)
     model, optimizer = accelerator.prepare(_model(), torch.optim.AdamW(_model().parameters()))
     model.train()
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    # As the Trainer builds it: on the torch optimizer, which the step drives directly.
+    schedule = torch.optim.lr_scheduler.LambdaLR(plain_optimizer(optimizer), lambda _: 1.0)
     ranks = Ranks(accelerator)
     step = MicroBatchedStep(
         accelerator, model, optimizer, ranks, BATCH, ["input_ids", "labels"], None, print
