@@ -10,7 +10,9 @@ from typing import Any, Literal
 from bench.data_path import DataPathResult
 from bench.inner_loop import InnerLoopResult
 from bench.pseudo_gradient import DtypeRun
+from bench.rounds import BASELINE, EXECUTOR, RoundsResult
 from bench.status_delay import StatusDelayResult
+from bench.step_overhead import GPU_STEPS_MS, StepOverheadResult
 from bench.sync_round import SyncResult
 
 
@@ -33,6 +35,10 @@ DATA_HEADROOM_TARGET = Target(">=", 10)
 SYNC_ROUND_TARGET = Target("<=", 2.5)
 # Samples/s with status answers delayed, against none: a late answer must not slow steps.
 STATUS_DELAY_TARGET = Target(">=", 0.95)
+# Never slower than another executor (Hypha's own, an earlier commit) on the same job.
+AGAINST_TARGET = Target(">=", 1.0)
+# A GPU step this long keeps at least this share of its speed with the executor's host work.
+GPU_STEP_TARGET = Target(">=", 0.95)
 DTYPE_NAMES = {"float32": "fp32", "bfloat16": "bf16"}
 
 
@@ -98,6 +104,65 @@ def status_delay_rows(results: list[StatusDelayResult]) -> list[Row]:
         for r in results
         if r is not baseline
     ]
+
+
+def rounds_rows(results: list[RoundsResult]) -> list[Row]:
+    rows = []
+    for r in results:
+        for delay in r.delays_ms:
+            bare = r.median(delay, BASELINE)
+            case = f"{r.model}, {r.steps_per_round} batches x {r.rounds}, +{delay} ms"
+            for name in r.executors:
+                if name == BASELINE:
+                    continue
+                rows.append(
+                    Row(
+                        "short rounds",
+                        f"{case}: {name}",
+                        f"{r.median(delay, name):.1f} samples/s",
+                        f"{bare:.1f} bare loop",
+                        r.ratio(delay, name, BASELINE),
+                    )
+                )
+            for name in r.executors:
+                if name not in (BASELINE, EXECUTOR):
+                    rows.append(
+                        Row(
+                            "short rounds",
+                            f"{case}: executor vs {name}",
+                            f"{r.median(delay, EXECUTOR):.1f} samples/s",
+                            f"{r.median(delay, name):.1f} {name}",
+                            r.ratio(delay, EXECUTOR, name),
+                            AGAINST_TARGET,
+                        )
+                    )
+    return rows
+
+
+def step_overhead_rows(results: list[StepOverheadResult]) -> list[Row]:
+    rows = []
+    for r in results:
+        rows.append(
+            Row(
+                "step overhead",
+                "near-free model, host CPU per step",
+                f"{r.executor_us:.0f} us",
+                f"{r.bare_us:.0f} us bare loop",
+                r.executor_us / r.bare_us,
+            )
+        )
+        rows.extend(
+            Row(
+                "step overhead",
+                f"a {gpu_ms:g} ms GPU step's speed",
+                f"+{r.overhead_us:.0f} us a step",
+                f"{gpu_ms:g} ms alone",
+                r.speed_at(gpu_ms),
+                GPU_STEP_TARGET,
+            )
+            for gpu_ms in GPU_STEPS_MS
+        )
+    return rows
 
 
 def data_path_rows(results: list[DataPathResult], train_steps_per_s: float | None) -> list[Row]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -33,7 +34,16 @@ if __name__ == "__main__" and not __package__:
     # `python bench/run.py` puts bench/ first on sys.path; the `bench` package needs its parent.
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from bench import data_path, inner_loop, pseudo_gradient, report, status_delay, sync_round
+from bench import (
+    data_path,
+    inner_loop,
+    pseudo_gradient,
+    report,
+    rounds,
+    status_delay,
+    step_overhead,
+    sync_round,
+)
 from bench.data_path import SliceShape
 from bench.errors import BenchError
 from bench.models import DEMO, HUGE_100M, LARGE_32M, MEDIUM_10M, MICRO, SMALL_1M, Shape
@@ -42,7 +52,7 @@ from hypha.accelerate_executor.entry import OneLineArgumentParser
 from hypha.accelerate_executor.errors import UsageError
 from hypha.accelerate_executor.local.coordinator import RunOptions
 
-BENCHMARKS = ("inner", "data", "sync", "pseudo", "status")
+BENCHMARKS = ("inner", "data", "sync", "pseudo", "status", "rounds", "overhead")
 # A load average above this at the start is worth a warning before anything runs.
 QUIET_LOAD = 1.0
 # Other processes' share of the machine's CPU during a benchmark above which it is flagged.
@@ -66,6 +76,13 @@ class Size:
         default_factory=lambda: RunOptions(workers=1, rounds=5, steps_per_round=40)
     )
     status_repeats: int = 3
+    # 2 workers on the 2 cores, rounds of 15 batches each: where per-round costs show.
+    short_rounds: RunOptions = field(
+        default_factory=lambda: RunOptions(workers=2, rounds=5, steps_per_round=15)
+    )
+    rounds_repeats: int = 3
+    rounds_delays_ms: tuple[int, ...] = rounds.DELAYS_MS
+    overhead_blocks: tuple[int, int] = (15, 200)  # blocks, steps per block
 
 
 DEMO_SLICE = SliceShape(64, 64)  # the local cluster's slices
@@ -91,6 +108,8 @@ SIZES = {
         demo=RunOptions(workers=2, rounds=3, steps_per_round=15),
         status=RunOptions(workers=1, rounds=3, steps_per_round=30),
         status_repeats=1,
+        rounds_repeats=1,
+        overhead_blocks=(5, 100),
     ),
     # For the test suite: proves every benchmark runs end to end, measures nothing useful.
     "smoke": Size(
@@ -104,6 +123,10 @@ SIZES = {
         demo=RunOptions(workers=2, rounds=2, steps_per_round=3),
         status=RunOptions(workers=1, rounds=2, steps_per_round=4),
         status_repeats=1,
+        short_rounds=RunOptions(workers=2, rounds=2, steps_per_round=3),
+        rounds_repeats=1,
+        rounds_delays_ms=(0,),
+        overhead_blocks=(1, 5),
     ),
 }
 
@@ -149,6 +172,16 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
         help="the inner loop's precision, for the executor (accelerate's setting) and the bare "
         "loop (autocast) alike; both run on the GPU when there is one",
     )
+    parser.add_argument(
+        "--against",
+        action="append",
+        type=_against,
+        default=[],
+        metavar="NAME=PATH",
+        help="rounds: also run another executor on the same job, and say how this one compares: "
+        "PATH is a Python whose environment holds it (Hypha's own) or a source tree whose src/ "
+        "does (an earlier commit of this project); may be given more than once",
+    )
     parser.set_defaults(size="full")
     return parser.parse_args(argv)  # fmt: skip
 
@@ -161,6 +194,16 @@ def _benchmark_list(text: str) -> tuple[str, ...]:
             f"unknown benchmark {', '.join(unknown) or 'list'}; choose from {', '.join(BENCHMARKS)}"
         )
     return names
+
+
+def _against(text: str) -> tuple[str, Path]:
+    name, _, path = text.partition("=")
+    if not name or not path or name in (rounds.BASELINE, rounds.EXECUTOR):
+        raise argparse.ArgumentTypeError(
+            f"--against {text!r}: give NAME=PATH, NAME neither {rounds.BASELINE} nor "
+            f"{rounds.EXECUTOR}"
+        )
+    return name, Path(path)
 
 
 def progress(text: str) -> None:
@@ -183,7 +226,12 @@ def timed(title: str, action: Callable[[], T], others: dict[str, float]) -> T:
 
 
 def run(
-    size_name: str, only: tuple[str, ...], out: Path, command: str, mixed_precision: str = "no"
+    size_name: str,
+    only: tuple[str, ...],
+    out: Path,
+    command: str,
+    mixed_precision: str = "no",
+    against: dict[str, Path] | None = None,
 ) -> int:
     size = SIZES[size_name]
     out.mkdir(parents=True, exist_ok=True)
@@ -195,6 +243,8 @@ def run(
     sync: list[sync_round.SyncResult] = []
     pseudo: list[pseudo_gradient.DtypeRun] = []
     status: list[status_delay.StatusDelayResult] = []
+    short_rounds: list[rounds.RoundsResult] = []
+    overhead: list[step_overhead.StepOverheadResult] = []
     others: dict[str, float] = {}
     scratch = Path(tempfile.mkdtemp(prefix="hypha-bench-"))  # short: socket paths live here
     try:
@@ -240,6 +290,37 @@ def run(
                 ),
                 others,
             )
+        if "rounds" in only:
+            short_rounds = [
+                timed(
+                    "short rounds",
+                    lambda: rounds.run(
+                        scratch / "rounds",
+                        size.short_rounds,
+                        size.rounds_repeats,
+                        against,
+                        size.rounds_delays_ms,
+                    ),
+                    others,
+                ),
+                # The same rounds with a step that costs nothing: what is left is the
+                # executors' own work per round (statuses, sync, bookkeeping).
+                timed(
+                    "short rounds, near-free model",
+                    lambda: rounds.run(
+                        scratch / "rounds",
+                        size.short_rounds,
+                        size.rounds_repeats,
+                        delays_ms=(0,),
+                        model="near-free",
+                    ),
+                    others,
+                ),
+            ]
+        if "overhead" in only:
+            overhead = [
+                timed("step overhead", lambda: step_overhead.run(*size.overhead_blocks), others)
+            ]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     load_after = os.getloadavg()[0]
@@ -251,9 +332,12 @@ def run(
         *report.sync_round_rows(sync),
         *report.pseudo_gradient_rows(pseudo),
         *report.status_delay_rows(status),
+        *report.rounds_rows(short_rounds),
+        *report.step_overhead_rows(overhead),
     ]
     print(report.table(rows))
     notes = _notes(inner, sync, load_before, load_after, others)
+    notes += _rounds_notes(short_rounds, overhead)
     for note in notes:
         print(f"note: {note}")
     report.write_json(
@@ -275,6 +359,8 @@ def run(
             "sync_round": [_with(r, "ratio") for r in sync],
             "pseudo_gradient": [asdict(r) for r in pseudo],
             "status_delay": [_with(r, "median_samples_per_s") for r in status],
+            "short_rounds": [r.as_json() for r in short_rounds],
+            "step_overhead": [_with(r, "overhead_us") for r in overhead],
         },
     )
     report.plot(out / "performance.png", inner, sync)
@@ -335,6 +421,40 @@ def _notes(
     return notes
 
 
+def _rounds_notes(
+    short_rounds: list[rounds.RoundsResult], overhead: list[step_overhead.StepOverheadResult]
+) -> list[str]:
+    notes = []
+    for result in short_rounds:
+        for delay in result.delays_ms:
+            for name in result.executors:
+                split = ", ".join(
+                    f"{part} {1e3 * s:.0f}" for part, s in result.split(delay, name).items()
+                )
+                cpu = statistics.median(r.cpu_ms_per_batch for r in result.runs[delay][name])
+                notes.append(
+                    f"short rounds {result.model} +{delay} ms, {name}: per round and worker (medians, ms) "
+                    f"{split}; CPU {cpu:.1f} ms a batch, all its threads"
+                )
+    for result in short_rounds:
+        if result.model == "near-free":
+            per_round = {
+                name: statistics.median(r.cpu_ms_per_round for r in result.runs[0][name])
+                for name in result.executors
+            }
+            notes.append(
+                "short rounds, near-free model: CPU per round and worker "
+                + ", ".join(f"{name} {ms:.1f} ms" for name, ms in per_round.items())
+                + f"; the executor's beyond the bare loop's {per_round[rounds.EXECUTOR] - per_round[rounds.BASELINE]:.1f} ms"
+            )
+    for steps in overhead:
+        notes.append(
+            f"step overhead: {steps.overhead_us:.0f} us of host CPU a step beyond the bare "
+            f"loop's (median of {steps.blocks} blocks of {steps.steps_per_block} steps)"
+        )
+    return notes
+
+
 def _machine(load_before: float, load_after: float) -> dict[str, Any]:
     import torch
 
@@ -353,7 +473,12 @@ def main(argv: list[str] | None = None) -> int:
         arguments = parse_arguments(argv)
         command = " ".join(["python bench/run.py", *argv])
         return run(
-            arguments.size, arguments.only, arguments.out, command, arguments.mixed_precision
+            arguments.size,
+            arguments.only,
+            arguments.out,
+            command,
+            arguments.mixed_precision,
+            dict(arguments.against),
         )
     except KeyboardInterrupt:
         print("bench: interrupted", file=sys.stderr)

@@ -35,13 +35,12 @@ from safetensors.torch import save_file
 
 from bench.errors import BenchError
 from bench.models import Shape, parameter_count
-from hypha.accelerate_executor.bridge import BridgeClient
+from hypha.accelerate_executor.bridge import BridgeClient, ScheduleUpdate, expect
 from hypha.accelerate_executor.distributed import ModelWeights, canonical_names
 from hypha.accelerate_executor.job import Job, parse_job
 from hypha.accelerate_executor.local.assets import ensure_assets
 from hypha.accelerate_executor.local.bridge_server import SOCKET_NAME, BridgeServer
 from hypha.accelerate_executor.local.coordinator import Catalog, Coordinator, RunOptions
-from hypha.accelerate_executor.progress import expect
 from hypha.accelerate_executor.sync import PARTS as SYNC_PARTS
 from hypha.accelerate_executor.sync import Synchroniser
 
@@ -92,7 +91,7 @@ class WorkerSide:
         started = time.perf_counter()
         answer = self.bridge.status({"status": {"batch_size": 1}})
         round_trip = time.perf_counter() - started
-        expect(answer, "ScheduleUpdate", sent="status")
+        expect(answer, ScheduleUpdate, sent="status")
         return round_trip
 
     def save_file_once(self, path: Path) -> float:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from hypha.accelerate_executor import bridge
-from hypha.accelerate_executor.bridge import BridgeClient
+from hypha.accelerate_executor.bridge import BridgeClient, Continue
 from hypha.accelerate_executor.errors import BridgeError, BridgeGoneError, UnsafePathError
 from hypha.accelerate_executor.job import PeersReference, SchedulerReference
 from unix_http import QuietHandler, serving
@@ -88,7 +88,7 @@ def test_requests_share_one_kept_alive_connection(kept_alive_bridge, tmp_path: P
     socket_path, seen = kept_alive_bridge(False)
     client = BridgeClient(socket_path, tmp_path)
     answers = [client.status({"status": {"batch_size": 8}}) for _ in range(5)]
-    assert answers == [{"type": "Continue"}] * 5
+    assert answers == [Continue()] * 5
     assert (seen.connections, seen.requests) == (1, 5)
 
 
@@ -98,7 +98,7 @@ def test_a_connection_the_bridge_closed_is_replaced_and_nothing_is_sent_twice(
     socket_path, seen = kept_alive_bridge(True)
     client = BridgeClient(socket_path, tmp_path)
     for sent in range(1, 6):
-        assert client.status({"status": {"batch_size": 8}}) == {"type": "Continue"}
+        assert client.status({"status": {"batch_size": 8}}) == Continue()
         assert seen.requests == sent
         time.sleep(0.2)  # the bridge's close reaches the client while the connection idles
     assert seen.connections == 5

@@ -13,22 +13,25 @@ from pathlib import Path
 import pytest
 import torch
 
-from hypha.accelerate_executor.bridge import BridgeClient
-from hypha.accelerate_executor.errors import SchedulerError
+from hypha.accelerate_executor.bridge import (
+    BridgeClient,
+    Continue,
+    Done,
+    Error,
+    Ok,
+    SchedulerAnswer,
+    ScheduleUpdate,
+    parse_answer,
+)
+from hypha.accelerate_executor.errors import BridgeError, SchedulerError
 from hypha.accelerate_executor.job import LinearWithWarmup, WarmupStableDecay
 from hypha.accelerate_executor.optimization import build_lr_schedule
 from hypha.accelerate_executor.progress import StatusAnswer, StatusReporter
-from hypha.accelerate_executor.training import (
-    JOB_DONE,
-    TRAIN_ON,
-    Decision,
-    Verdict,
-    scheduler_decision,
-)
+from hypha.accelerate_executor.training import TRAIN_ON, Decision, scheduler_decision
 from unix_http import QuietHandler, serving
 
 
-def answers(*pairs: tuple[int, dict[str, object]]) -> list[StatusAnswer]:
+def answers(*pairs: tuple[int, SchedulerAnswer]) -> list[StatusAnswer]:
     """Answers in the order given, as they came."""
     seen = 0
     came = []
@@ -41,38 +44,75 @@ def answers(*pairs: tuple[int, dict[str, object]]) -> list[StatusAnswer]:
 CONTINUE = {"type": "Continue"}
 
 
+@pytest.mark.parametrize(
+    ("wire", "parsed"),
+    [
+        ({"type": "Continue"}, Continue()),
+        ({"type": "ScheduleUpdate", "counter": 12}, ScheduleUpdate(12)),
+        ({"type": "ScheduleUpdate", "counter": 0}, ScheduleUpdate(0)),
+        ({"type": "Done"}, Done()),
+        ({"type": "Error"}, Error()),
+        ({"type": "Ok"}, Ok()),
+    ],
+)
+def test_answers_are_parsed_once_into_typed_values(
+    wire: dict[str, object], parsed: SchedulerAnswer
+) -> None:
+    assert parse_answer(wire) == parsed
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        {"type": "Later"},
+        {"kind": "Continue"},
+        {"type": "ScheduleUpdate"},
+        {"type": "ScheduleUpdate", "counter": -1},
+        {"type": "ScheduleUpdate", "counter": 2.5},
+    ],
+)
+def test_an_answer_that_is_none_of_them_is_a_scheduler_error(wire: dict[str, object]) -> None:
+    with pytest.raises(SchedulerError):
+        parse_answer(wire)
+
+
+def test_an_answer_that_is_not_an_object_is_a_bridge_error() -> None:
+    with pytest.raises(BridgeError, match="not a scheduler answer"):
+        parse_answer(["Continue"])
+
+
 def test_no_answer_or_continue_trains_on() -> None:
     assert scheduler_decision([], TRAIN_ON) == TRAIN_ON
-    assert scheduler_decision(answers((1, CONTINUE), (2, CONTINUE)), TRAIN_ON) == TRAIN_ON
+    assert scheduler_decision(answers((1, Continue()), (2, Continue())), TRAIN_ON) == TRAIN_ON
 
 
 def test_schedule_update_names_the_batch_to_synchronise_after() -> None:
-    got = scheduler_decision(answers((7, {"type": "ScheduleUpdate", "counter": 2})), TRAIN_ON)
-    assert got == Decision(Verdict.SYNCHRONISE, last_batch=9)
-    zero = scheduler_decision(answers((7, {"type": "ScheduleUpdate", "counter": 0})), TRAIN_ON)
-    assert zero.last_batch == 7  # the batch it answers was the last
+    assert scheduler_decision(answers((7, ScheduleUpdate(2))), TRAIN_ON) == Decision(9)
+    # The batch it answers was the last.
+    assert scheduler_decision(answers((7, ScheduleUpdate(0))), TRAIN_ON) == Decision(7)
 
 
 def test_statuses_that_overtook_the_answered_one_count_as_seen() -> None:
     # The scheduler handled batch 8's status before batch 7's, and answered 7's counting both.
-    pending = answers((8, CONTINUE), (7, {"type": "ScheduleUpdate", "counter": 2}))
-    assert scheduler_decision(pending, TRAIN_ON).last_batch == 10
+    pending = answers((8, Continue()), (7, ScheduleUpdate(2)))
+    assert scheduler_decision(pending, TRAIN_ON) == Decision(10)
 
 
 def test_a_later_schedule_update_does_not_move_the_round_end() -> None:
-    first = scheduler_decision(answers((7, {"type": "ScheduleUpdate", "counter": 1})), TRAIN_ON)
-    later = scheduler_decision(answers((8, {"type": "ScheduleUpdate", "counter": 3})), first)
+    first = scheduler_decision(answers((7, ScheduleUpdate(1))), TRAIN_ON)
+    assert isinstance(first, Decision)
+    later = scheduler_decision(answers((8, ScheduleUpdate(3))), first)
     assert later == first
 
 
 def test_done_wins_over_everything() -> None:
-    pending = answers((3, {"type": "ScheduleUpdate", "counter": 1}), (4, {"type": "Done"}))
-    assert scheduler_decision(pending, TRAIN_ON) == JOB_DONE
+    pending = answers((3, ScheduleUpdate(1)), (4, Done()))
+    assert scheduler_decision(pending, TRAIN_ON) == Done()
 
 
-@pytest.mark.parametrize("answer", [{"type": "Error"}, {"type": "Ok"}, {"kind": "?"}])
-def test_an_unexpected_answer_is_a_scheduler_error(answer: dict[str, object]) -> None:
-    with pytest.raises(SchedulerError, match="to 'status'"):
+@pytest.mark.parametrize("answer", [Error(), Ok()])
+def test_an_unexpected_answer_is_a_scheduler_error(answer: SchedulerAnswer) -> None:
+    with pytest.raises(SchedulerError, match="'status'; expected Continue or ScheduleUpdate"):
         scheduler_decision(answers((1, answer)), TRAIN_ON)
 
 
@@ -142,6 +182,6 @@ def test_statuses_go_out_one_per_batch_and_concurrently(
     answered = reporter.flush()
     reporter.close()
     assert sorted(a.batch for a in answered) == list(range(1, 31))
-    assert all(a.answer == CONTINUE for a in answered)
+    assert all(a.answer == Continue() for a in answered)
     # One per batch, none merged. (The order they are handled in is the server's threads'.)
     assert sorted(arrived) == list(range(1, 31))

@@ -40,6 +40,8 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path: Path) -> None:
         "sync round",
         "pseudo-gradient",
         "status delay",
+        "short rounds",
+        "step overhead",
     }
     for row in results["rows"]:
         assert math.isfinite(row["ratio"]) and row["ratio"] > 0, row
@@ -48,7 +50,7 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path: Path) -> None:
     assert results["size"] == "smoke"
     assert (tmp_path / "performance.png").read_bytes().startswith(b"\x89PNG")
     others = results["cpu_share_of_other_processes"]
-    assert len(others) == 5 and all(share >= 0 for share in others.values())
+    assert len(others) == 8 and all(share >= 0 for share in others.values())
 
     [inner] = results["inner_loop"]
     assert len(inner["executor_rounds"]) == 1 and inner["executor_samples_per_s"] > 0
@@ -70,6 +72,18 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path: Path) -> None:
     delays = results["status_delay"]
     assert [run["delay_ms"] for run in delays] == [0, 20, 100]
     assert all(run["median_samples_per_s"] > 0 and run["overshoot"][0] >= 0 for run in delays)
+
+    short, near_free = results["short_rounds"]
+    assert near_free["model"] == "near-free" and near_free["runs"]["0"]["executor"]
+    assert short["executors"] == ["bare", "executor"] and short["delays_ms"] == [0]
+    for name in ("bare", "executor"):
+        [run] = short["runs"]["0"][name]
+        assert run["samples_per_s"] > 0 and run["cpu_ms_per_batch"] > 0
+        # Both split the round the same way, from the coordinator's records and their own line.
+        assert {"reload", "first step", "training", "waiting"} <= set(run["split_s"])
+        assert {"step", "data", "statuses", "cpu"} <= set(run["timing"])
+    [overhead] = results["step_overhead"]
+    assert overhead["bare_us"] > 0 and overhead["executor_us"] > 0
 
 
 @pytest.mark.slow
@@ -94,3 +108,9 @@ def test_unusable_out_folder_fails_in_one_line(tmp_path: Path) -> None:
     done = bench("--only", "data", "--out", str(blocker / "results"), timeout=300)
     assert done.returncode == 1
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("bench: "), done.stderr
+
+
+def test_against_needs_a_name_and_a_path(tmp_path: Path) -> None:
+    done = bench("--only", "rounds", "--against", "executor=/usr/bin/python3", timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "NAME=PATH" in done.stderr

@@ -1,6 +1,7 @@
 """Client of the worker's Job Bridge: HTTP/1.1 over the Unix socket in WORK_DIR.
 
-Every path the bridge hands back is checked against the work dir before it is used.
+Every path the bridge hands back is checked against the work dir before it is used, and
+every scheduler answer is parsed here, once, into one of the typed values below.
 A bridge that cannot be reached, or that closes the update stream, raises
 BridgeGoneError: the executor's cue to exit, since the worker has stopped the job.
 """
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hypha.accelerate_executor.errors import BridgeError, BridgeGoneError
+from hypha.accelerate_executor.errors import BridgeError, BridgeGoneError, SchedulerError
 from hypha.accelerate_executor.job import PeersReference, Reference
 from hypha.accelerate_executor.paths import resolve_in_work_dir
 
@@ -33,6 +34,67 @@ FETCH_TIMEOUT_S = 3600.0
 REUSE_IDLE_S = 2.0
 
 _CONNECTION_LOST = (ConnectionError, FileNotFoundError, http.client.RemoteDisconnected)
+
+
+@dataclass(frozen=True)
+class Ok:
+    """To `update` and `metrics`."""
+
+
+@dataclass(frozen=True)
+class Continue:
+    """To `status`: train on; to `update-received`: the next round."""
+
+
+@dataclass(frozen=True)
+class ScheduleUpdate:
+    """To `status`: train `counter` more batches after those counted, then synchronise."""
+
+    counter: int
+
+
+@dataclass(frozen=True)
+class Done:
+    """The job is over."""
+
+
+@dataclass(frozen=True)
+class Error:
+    """The scheduler refused the message (a `status` while an update is in flight)."""
+
+
+SchedulerAnswer = Ok | Continue | ScheduleUpdate | Done | Error
+_ANSWERS: dict[str, SchedulerAnswer] = {
+    "Ok": Ok(),
+    "Continue": Continue(),
+    "Done": Done(),
+    "Error": Error(),
+}
+
+
+def parse_answer(value: Any) -> SchedulerAnswer:
+    """The scheduler's answer (`{"type": ...}`, protocol.md section 5) as a typed value."""
+    if not isinstance(value, dict):
+        raise BridgeError("/status/send", 200, "bad_answer", f"not a scheduler answer: {value!r}")
+    kind = value.get("type")
+    if kind == "ScheduleUpdate":
+        counter = value.get("counter")
+        if type(counter) is not int or counter < 0:  # a u32 in Hypha's scheduler
+            raise SchedulerError(f"the scheduler's ScheduleUpdate has no valid counter: {value!r}")
+        return ScheduleUpdate(counter)
+    answer = _ANSWERS.get(kind) if isinstance(kind, str) else None
+    if answer is None:
+        raise SchedulerError(f"the scheduler answered something unknown: {value!r}")
+    return answer
+
+
+def expect(answer: SchedulerAnswer, *allowed: type[SchedulerAnswer], sent: str) -> None:
+    """SchedulerError unless `answer` is of one of the `allowed` kinds."""
+    if not isinstance(answer, allowed):
+        raise SchedulerError(
+            f"the scheduler answered {type(answer).__name__!r} to {sent!r}; expected "
+            f"{' or '.join(kind.__name__ for kind in allowed)}"
+        )
 
 
 @dataclass(frozen=True)
@@ -110,15 +172,10 @@ class BridgeClient:
         body = {"resource": _wire(reference), "path": relative_path}
         self._post_json("/resources/send", body, REQUEST_TIMEOUT_S)
 
-    def status(self, progress: Any, on_sent: Callable[[], None] | None = None) -> dict[str, Any]:
+    def status(self, progress: Any, on_sent: Callable[[], None] | None = None) -> SchedulerAnswer:
         """Sends a Progress message; returns the scheduler's answer. `on_sent` is called once
         the request has gone out, before the answer is awaited."""
-        answer = self._post_json("/status/send", progress, REQUEST_TIMEOUT_S, on_sent)
-        if not isinstance(answer, dict) or "type" not in answer:
-            raise BridgeError(
-                "/status/send", 200, "bad_answer", f"not a scheduler answer: {answer!r}"
-            )
-        return answer
+        return parse_answer(self._post_json("/status/send", progress, REQUEST_TIMEOUT_S, on_sent))
 
     def receive(
         self, reference: PeersReference, relative_dir: str = "incoming"

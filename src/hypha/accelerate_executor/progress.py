@@ -15,20 +15,18 @@ import queue
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any
 
-from hypha.accelerate_executor.bridge import BridgeClient, ReceivedFile
-from hypha.accelerate_executor.errors import BridgeGoneError, ExecutorError, SchedulerError
+from hypha.accelerate_executor.bridge import BridgeClient, ReceivedFile, SchedulerAnswer
+from hypha.accelerate_executor.errors import BridgeGoneError, ExecutorError
 from hypha.accelerate_executor.job import PeersReference
 
-Answer = dict[str, Any]
 # Statuses in flight at once: enough for a 100 ms answer behind steps of 15 ms.
 STATUS_SENDERS = 8
 
 
 @dataclass(frozen=True)
 class StatusAnswer:
-    answer: Answer
+    answer: SchedulerAnswer
     batch: int  # the job-wide number of the batch whose status it answers
     # The highest batch answered when this answer came, itself included: concurrent statuses
     # may reach the scheduler out of order, and it answers each counting all it has seen.
@@ -113,16 +111,6 @@ class StatusReporter:
             raise self._failure
         answers, self._answers = self._answers, []
         return answers  # in the order they came
-
-
-def expect(answer: Answer, *allowed: str, sent: str) -> str:
-    """The answer's type, if it is one of `allowed`; SchedulerError otherwise."""
-    kind = str(answer.get("type"))
-    if kind not in allowed:
-        raise SchedulerError(
-            f"the scheduler answered {kind!r} to {sent!r}; expected {' or '.join(allowed)}"
-        )
-    return kind
 
 
 class UpdateInbox:

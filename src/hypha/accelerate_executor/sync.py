@@ -13,11 +13,18 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hypha.accelerate_executor.bridge import BridgeClient
+from hypha.accelerate_executor.bridge import (
+    BridgeClient,
+    Continue,
+    Done,
+    Ok,
+    SchedulerAnswer,
+    expect,
+)
 from hypha.accelerate_executor.diloco import GlobalWeights
 from hypha.accelerate_executor.distributed import ModelWeights
 from hypha.accelerate_executor.job import PeersReference
-from hypha.accelerate_executor.progress import UpdateInbox, expect
+from hypha.accelerate_executor.progress import UpdateInbox
 
 # In order. write: gather and write the pseudo-gradient; send: hand it to the bridge and
 # report `update`; wait: for the parameter server; merge: theta_global += u; load: into
@@ -27,7 +34,7 @@ PARTS = ("write", "send", "wait", "merge", "load", "report")
 
 @dataclass
 class SyncRound:
-    answer: str | None  # the scheduler's Continue or Done; None on ranks other than 0
+    answer: SchedulerAnswer | None  # Continue or Done; None on ranks other than 0
     bytes_out: int = 0
     seconds: dict[str, float] = field(default_factory=dict)  # by part, on rank 0
 
@@ -69,7 +76,7 @@ class Synchroniser:
         del local
         clock.lap("write")
         self.bridge.send(self.updates, relative)  # never touched again
-        expect(self.bridge.status("update"), "Ok", sent="update")
+        expect(self.bridge.status("update"), Ok, sent="update")
         clock.lap("send")
         received = self.inbox.next_update()
         clock.lap("wait")
@@ -77,9 +84,8 @@ class Synchroniser:
         clock.lap("merge")
         self.weights.load(self.global_weights.tensors)
         clock.lap("load")
-        answer = expect(
-            self.bridge.status("update-received"), "Continue", "Done", sent="update-received"
-        )
+        answer = self.bridge.status("update-received")
+        expect(answer, Continue, Done, sent="update-received")
         # The parameter server had the previous round's file before it sent that round's
         # update; deleting a model-sized file takes a while, so not on the sync's path.
         previous = self.bridge.work_dir / f"pseudo-gradients/round-{round_number - 1}.safetensors"

@@ -18,12 +18,12 @@ import sys
 import time
 import traceback
 import warnings
-from dataclasses import dataclass
-from enum import Enum
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from hypha.accelerate_executor.bridge import Continue, Done, Ok, ScheduleUpdate, expect
 from hypha.accelerate_executor.entry import OneLineArgumentParser, run_main
 from hypha.accelerate_executor.errors import (
     EXIT_OK,
@@ -56,20 +56,15 @@ def say(message: str) -> None:
     print(message, flush=True)
 
 
-class Verdict(Enum):
-    TRAIN = "train"  # no ScheduleUpdate yet this round: train on
-    SYNCHRONISE = "synchronise"  # train up to `last_batch`, then synchronise
-    DONE = "done"  # the scheduler ended the job
-
-
 @dataclass(frozen=True)
 class Decision:
-    verdict: Verdict
-    last_batch: int | None = None  # SYNCHRONISE: the job-wide batch number to stop after
+    """Where the round ends: nowhere yet (no ScheduleUpdate), or after `last_batch`, the
+    job-wide number of the batch to synchronise after."""
+
+    last_batch: int | None = None
 
 
-TRAIN_ON = Decision(Verdict.TRAIN)
-JOB_DONE = Decision(Verdict.DONE)
+TRAIN_ON = Decision()
 
 
 @dataclass
@@ -80,6 +75,9 @@ class RoundStats:
     seconds: float = 0.0
     loss: float = math.nan
     overshoot: int = 0  # batches trained past what ScheduleUpdate asked for (a late answer)
+    # Where the round's wall time went on this rank (data, step, statuses), and the CPU
+    # time the process took meanwhile, all its threads counted.
+    parts: dict[str, float] = field(default_factory=dict)
 
 
 class Trainer:
@@ -201,10 +199,12 @@ class Trainer:
         try:
             for round_number in range(1, sys.maxsize):
                 stats = self.inner_steps()
-                if stats is None or self.ranks.share(self.report_round(round_number, stats)):
+                if isinstance(stats, Done) or isinstance(
+                    self.ranks.share(self.report_round(round_number, stats)), Done
+                ):
                     self.say(f"round {round_number}: the scheduler ended the job")
                     break
-                if self.synchronise(round_number, stats) is Verdict.DONE:
+                if isinstance(self.synchronise(round_number, stats), Done):
                     self.say(f"round {round_number}: done")
                     break
             self.ranks.finish()
@@ -213,8 +213,8 @@ class Trainer:
             if self.reporter is not None:
                 self.reporter.close()
 
-    def inner_steps(self) -> RoundStats | None:
-        """Trains until the batch ScheduleUpdate names; None if the scheduler said Done.
+    def inner_steps(self) -> RoundStats | Done:
+        """Trains until the batch ScheduleUpdate names, or the scheduler says Done.
 
         The next batch is made ready before the answers are looked at (without waiting),
         which gives the last status's answer that long to arrive; a batch taken for a step
@@ -225,32 +225,49 @@ class Trainer:
         stats = RoundStats()
         decision = TRAIN_ON
         loss_sum = torch.zeros((), device=self.accelerator.device)
-        started = time.perf_counter()
+        clock = time.perf_counter
+        data = step = statuses = 0.0
+        started, cpu = clock(), time.process_time()
         while True:
+            ready = clock()
             batch = self.carried if self.carried is not None else self.next_batch()
             self.carried = None
-            decision = self.ranks.share(
+            taken = clock()
+            outcome = self.ranks.share(
                 scheduler_decision(self.reporter.answers(), decision) if self.reporter else decision
             )
-            if decision.verdict is Verdict.DONE:
-                return None
+            decided = clock()
+            data += taken - ready
+            statuses += decided - taken
+            if isinstance(outcome, Done):
+                return outcome
+            decision = outcome
             if decision.last_batch is not None and self.batches_trained >= decision.last_batch:
                 self.carried = batch
                 break
             loss_sum += self.step(batch)
             self.lr_schedule.step()
             self.batches_trained += 1
+            stepped = clock()
             if self.reporter is not None:
                 self.reporter.batch_done(self.batches_trained, config.batch_size)
             stats.batches += 1
             if "input_ids" in batch:
                 stats.tokens += batch["input_ids"].shape[-1] * config.batch_size
-        stats.seconds = time.perf_counter() - started
+            step += stepped - decided
+            statuses += clock() - stepped
+        stats.seconds = clock() - started
         stats.samples = stats.batches * config.batch_size
         stats.overshoot = self.batches_trained - (decision.last_batch or 0)
         if self.ranks.count > 1:  # once a round: each rank holds its share of every mean
             loss_sum = self.accelerator.reduce(loss_sum, reduction="sum")
         stats.loss = float(loss_sum.item()) / max(stats.batches, 1)
+        stats.parts = {
+            "step": step,
+            "data": data,
+            "statuses": statuses,
+            "cpu": time.process_time() - cpu,
+        }
         return stats
 
     def next_batch(self) -> Batch:
@@ -260,15 +277,15 @@ class Trainer:
             for name, tensor in batch.items()
         }
 
-    def report_round(self, round_number: int, stats: RoundStats) -> bool:
+    def report_round(self, round_number: int, stats: RoundStats) -> Done | None:
         """Rank 0: waits for every status answer (none may be pending at `update`), then
-        sends the round's metrics. True if the scheduler ended the job meanwhile."""
-        from hypha.accelerate_executor.progress import expect
-
+        sends the round's metrics. Done if the scheduler ended the job meanwhile."""
         if self.reporter is None or self.bridge is None:
-            return False
-        if scheduler_decision(self.reporter.flush(), TRAIN_ON) == JOB_DONE:
-            return True
+            return None
+        waited = time.perf_counter()
+        if isinstance(done := scheduler_decision(self.reporter.flush(), TRAIN_ON), Done):
+            return done
+        stats.parts["statuses"] += time.perf_counter() - waited
         metrics = {
             "samples_per_second": stats.samples / stats.seconds,
             "learning_rate": float(self.lr_schedule.get_last_lr()[0]),
@@ -282,32 +299,30 @@ class Trainer:
         else:
             self.say(f"warning: the round's loss is {stats.loss}; it is left out of the metrics")
         answer = self.bridge.status({"metrics": {"round": round_number, "metrics": metrics}})
-        expect(answer, "Ok", sent="metrics")
-        return False
+        expect(answer, Ok, sent="metrics")
+        return None
 
-    def synchronise(self, round_number: int, stats: RoundStats) -> Verdict:
-        """The DiLoCo outer step; returns the scheduler's verdict on every rank."""
+    def synchronise(self, round_number: int, stats: RoundStats) -> Continue | Done:
+        """The DiLoCo outer step; returns the scheduler's answer on every rank."""
         outcome = self.synchroniser.run(round_number)
         if outcome.answer is not None:
+            parts = ", ".join(f"{name} {1e3 * s:.1f} ms" for name, s in stats.parts.items())
             self.say(
                 f"round {round_number}: loss {stats.loss:.4f} | {stats.batches} batches, "
                 f"{stats.overshoot} past ScheduleUpdate | {stats.samples / stats.seconds:.1f} "
-                f"samples/s | sync {outcome.overhead_s:.3f} s "
+                f"samples/s | {parts} | sync {outcome.overhead_s:.3f} s "
                 f"({outcome.bytes_out / 1e6:.1f} MB out) + {outcome.seconds['wait']:.2f} s "
                 "waiting for the update"
             )
-        verdict = None if outcome.answer is None else _SYNC_VERDICTS[outcome.answer]
-        return self.ranks.share(verdict) or Verdict.TRAIN
+        answer = self.ranks.share(outcome.answer)
+        return answer if isinstance(answer, Done) else Continue()
 
     def say(self, message: str) -> None:
         if self.ranks.is_main:
             say(message)
 
 
-_SYNC_VERDICTS = {"Continue": Verdict.TRAIN, "Done": Verdict.DONE}
-
-
-def scheduler_decision(answers: list[StatusAnswer], current: Decision) -> Decision:
+def scheduler_decision(answers: list[StatusAnswer], current: Decision) -> Decision | Done:
     """The round's decision once the status answers that came in are taken into account.
 
     ScheduleUpdate{counter} means: train `counter` more batches after those the scheduler
@@ -315,15 +330,13 @@ def scheduler_decision(answers: list[StatusAnswer], current: Decision) -> Decisi
     overtook each other on the way, the later ones answered before it. Batches trained while
     the answer travelled count among the `counter`.
     """
-    from hypha.accelerate_executor.progress import expect
-
     for status in answers:
-        kind = expect(status.answer, "Continue", "ScheduleUpdate", "Done", sent="status")
-        if kind == "Done":
-            return JOB_DONE
-        if kind == "ScheduleUpdate" and current.verdict is Verdict.TRAIN:
-            counter = max(0, int(status.answer.get("counter", 0)))
-            current = Decision(Verdict.SYNCHRONISE, status.seen + counter)
+        answer = status.answer
+        expect(answer, Continue, ScheduleUpdate, Done, sent="status")
+        if isinstance(answer, Done):
+            return answer
+        if isinstance(answer, ScheduleUpdate) and current.last_batch is None:
+            current = Decision(status.seen + answer.counter)
     return current
 
 
