@@ -36,6 +36,7 @@ from hypha.accelerate_executor.serde import (
     UnitEnum,
     Vec,
 )
+from hypha.accelerate_executor.tasks import refusal
 from hypha.accelerate_executor.wirejson import read_struct
 
 # serde's kebab-case of upstream's ModelType; `vison2-seq` (sic) is how it spells Vison2Seq,
@@ -221,6 +222,13 @@ class ModelSpec(WireModel):
     task: ModelTask
     artifact: ArtifactReference
     input_names: InputNames
+
+    @field_validator("task")
+    @classmethod
+    def _trainable(cls, task: str) -> str:
+        if reason := refusal(task):  # tasks.py: the task table
+            raise ValueError(reason)
+        return task
 
 
 class PreprocessorSpec(WireModel):
