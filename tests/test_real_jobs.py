@@ -181,12 +181,12 @@ def test_the_masked_lm_job_trains_offline(tmp_path: Path, short_tmp: Path) -> No
     from hypha.accelerate_executor.local.demo import run_demo
     from hypha.accelerate_executor.local.worker import preset
 
-    options = RunOptions.for_job("bert-mlm", workers=1, rounds=3)
+    options = RunOptions.for_job("bert-mlm", workers=1)  # 4 rounds of 30 batches
     out = tmp_path / "out"
-    code = run_demo(options, preset("process"), out_dir=out, work_base=short_tmp,
-                    assets_dir=tmp_path / "assets")  # fmt: skip
+    run_demo(options, preset("process"), out_dir=out, work_base=short_tmp,
+             assets_dir=tmp_path / "assets")  # fmt: skip
     summary = json.loads((out / "summary.json").read_text())
     assert summary["workers"]["w1"]["exit_code"] == 0
     losses = [record["mean_loss"] for record in summary["rounds"]]
-    assert losses[-1] < 0.8 * losses[0], losses
-    assert code == 0
+    # Measured 4.171 -> 3.327 in 3 rounds (one worker); 4.237 -> 2.059 in 4 (two workers).
+    assert losses[-1] < 0.7 * losses[0], losses
