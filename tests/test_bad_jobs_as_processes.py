@@ -49,6 +49,9 @@ def bad_jobs() -> list[BadJob]:
         BadJob("surrogate as bytes", example.replace(b"markov-512", b"markov\xed\xa0\x80"), "env"),
         BadJob("10 MB of nesting", b"[" * 5_000_000 + b"]" * 5_000_000, "file"),
         BadJob("empty file", b"", "file"),
+        BadJob(
+            "a task the table refuses", example.replace(b"causal-lm", b"object-detection"), "env"
+        ),
         BadJob("a directory as @path", b"", "dir"),
     ]
     generated = [case for case in mutations(seed=29, count=2000) if _refused(case)]

@@ -161,3 +161,66 @@ def test_malformed_update_is_one_clear_error(
     with pytest.raises(ExecutorError, match=message) as caught:
         global_weights.merge_update(tmp_path / "bad")
     assert "\n" not in str(caught.value)
+
+
+def batch_norm_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.BatchNorm2d(4))
+    model.register_buffer("keep", torch.tensor([True, False, True]))  # a boolean buffer
+    return model
+
+
+def test_integer_and_boolean_tensors_keep_their_dtype_on_the_wire(tmp_path: Path) -> None:
+    model = batch_norm_model()
+    global_weights = GlobalWeights(model.state_dict())
+    model(torch.rand(8, 1, 6, 6))  # training mode: running stats move, the counter counts
+    model.get_buffer("keep").logical_not_()
+    path = tmp_path / "pg.safetensors"
+    global_weights.write_pseudo_gradient(model.state_dict(), path, torch.bfloat16)
+    sent = load_file(path)
+    assert sent["1.num_batches_tracked"].dtype == torch.int64
+    assert sent["1.num_batches_tracked"].item() == 1
+    assert sent["keep"].dtype == torch.bool and sent["keep"].all()  # changed: local XOR global
+    assert sent["1.running_mean"].dtype == torch.bfloat16
+
+
+def test_a_batch_norm_model_comes_out_of_a_round_in_the_dtypes_it_went_in(tmp_path: Path) -> None:
+    """Through the stand-in's parameter server, which does what Hypha's (candle) does: the
+    counter's update is zeros in int64, the boolean is left out (candle cannot load it) and
+    keeps its global value, floating tensors get their update."""
+    from hypha.accelerate_executor.local.parameter_server import NesterovOuterOptimizer
+
+    model = batch_norm_model()
+    dtypes = {name: tensor.dtype for name, tensor in model.state_dict().items()}
+    global_weights = GlobalWeights(model.state_dict())
+    started = {name: tensor.clone() for name, tensor in global_weights.tensors.items()}
+    model(torch.rand(8, 1, 6, 6))
+    model.get_buffer("keep").logical_not_()
+    files = []
+    for worker in ("a", "b"):
+        path = tmp_path / f"{worker}.safetensors"
+        global_weights.write_pseudo_gradient(model.state_dict(), path)
+        files.append(path.read_bytes())
+    update, skipped = NesterovOuterOptimizer(learning_rate=0.7, momentum=0.9).step_files(files)
+    assert skipped == ["keep (bool: Hypha's parameter server cannot load it)"]
+    (tmp_path / "u.safetensors").write_bytes(update)
+    received = load_file(tmp_path / "u.safetensors")
+    assert received["1.num_batches_tracked"].dtype == torch.int64
+    assert received["1.num_batches_tracked"].item() == 0
+    assert global_weights.merge_update(tmp_path / "u.safetensors") == len(dtypes) - 1
+    model.load_state_dict(global_weights.tensors)
+    assert {name: t.dtype for name, t in model.state_dict().items()} == dtypes
+    assert torch.equal(model.get_buffer("keep"), started["keep"])
+    assert model.get_buffer("1.num_batches_tracked").item() == 0
+    assert not torch.equal(model.get_buffer("1.running_mean"), started["1.running_mean"])
+
+
+def test_candle_s_integer_arithmetic_truncates_the_outer_step_s_scalars() -> None:
+    from hypha.accelerate_executor.local.parameter_server import NesterovOuterOptimizer
+
+    counters = [{"n": torch.tensor([3], dtype=torch.int64)}]
+    one_worker = NesterovOuterOptimizer(learning_rate=2.5, momentum=0.9)
+    # One worker: mean 3 (1/1 is 1); m = g; u = trunc(2.5) * (trunc(0.9) * m + g) = 2 * 3.
+    assert one_worker.step(counters)[0]["n"].tolist() == [6]
+    two = NesterovOuterOptimizer(learning_rate=0.7, momentum=0.9).step(counters * 2)[0]["n"]
+    assert two.dtype == torch.int64 and two.tolist() == [0]  # 1/2 truncates to 0

@@ -25,6 +25,8 @@ ROOT = Path(__file__).resolve().parents[1] / "src" / "hypha" / "accelerate_execu
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("ground", ("", "errors", "entry")),
     ("format", ("serde_json", "serde", "paths", "supervisor", "tensorfile")),
+    # Torch-free tables the job spec, the launcher and the shim all read.
+    ("tables", ("tasks", "variants")),
     ("job", ("job",)),
     (
         "executor",

@@ -14,8 +14,8 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
 from transformers import AutoImageProcessor, PreTrainedTokenizerFast
 
-from hypha.accelerate_executor.errors import DataError
-from hypha.accelerate_executor.inputs import ModelInputs, slice_names
+from hypha.accelerate_executor.errors import DataError, JobSpecError
+from hypha.accelerate_executor.inputs import MaskedLanguageModelling, ModelInputs, slice_names
 from hypha.accelerate_executor.job import TrainConfig, parse_job
 
 JOB = Path(__file__).parent / "data" / "job-causal-lm.json"
@@ -80,7 +80,79 @@ def test_language_slices_without_labels_train_causal_lm() -> None:
     assert torch.equal(ModelInputs(spec)({"input_ids": ids, "labels": given})["labels"], given)
 
 
+def model_config(task: str, input_names: list[str]) -> TrainConfig:
+    model = config().model.model_dump(by_alias=True)
+    return config(model={**model, "task": task, "input-names": input_names})
+
+
 def test_an_input_name_nothing_provides_is_named() -> None:
-    spec = config(model={**config().model.model_dump(by_alias=True), "task": "masked-lm"})
+    spec = model_config("sequence-classification", ["input_ids", "labels"])
     with pytest.raises(DataError, match="input-names labels are not in the batch; it holds"):
         ModelInputs(spec)({"input_ids": torch.ones(2, 3, dtype=torch.int64)})
+
+
+def test_causal_lm_makes_labels_when_input_names_leave_them_out() -> None:
+    spec = model_config("causal-lm", ["input_ids", "attention_mask"])
+    assert slice_names(spec) == (["input_ids", "attention_mask"], ("labels",))
+    ids, mask = torch.tensor([[5, 6, 7]]), torch.tensor([[1, 1, 0]])
+    inputs = ModelInputs(spec)({"input_ids": ids, "attention_mask": mask})
+    assert inputs["labels"].tolist() == [[5, 6, -100]]
+
+
+def test_a_task_s_labels_reach_the_model_whether_or_not_input_names_list_them() -> None:
+    spec = model_config("question-answering", ["input_ids"])
+    assert slice_names(spec) == (
+        ["input_ids"],
+        ("start_positions", "end_positions", "attention_mask"),
+    )
+    batch = {"input_ids": torch.ones(2, 4, dtype=torch.int64), "start_positions": torch.tensor([1, 2]),
+             "end_positions": torch.tensor([2, 3]), "unused": torch.zeros(2)}  # fmt: skip
+    assert sorted(ModelInputs(spec)(batch)) == ["end_positions", "input_ids", "start_positions"]
+
+
+SPECIAL_IDS = (0, 1, 2, 3)  # pad, unk, cls, sep
+MASK_ID = 4
+
+
+def masking(seed: int = 7) -> MaskedLanguageModelling:
+    return MaskedLanguageModelling(MASK_ID, (*SPECIAL_IDS, MASK_ID), 1000, seed)
+
+
+def test_masked_lm_masks_as_bert_does() -> None:
+    """15% of the tokens that are neither special nor padding are predicted: 80% of them
+    shown as the mask token, 10% as a random token, 10% as they are."""
+    ids = torch.randint(5, 1000, (400, 128))
+    ids[:, 0], ids[:, -1] = 2, 3
+    mask = torch.ones_like(ids)
+    mask[::2, -30:] = 0
+    out = masking()({"input_ids": ids * mask, "attention_mask": mask}, number=1)
+    chosen = out["labels"] != -100
+    maskable = (mask == 1) & (ids >= 5)
+    assert not (chosen & ~maskable).any()  # never a special token or padding
+    assert torch.equal(out["labels"][chosen], ids[chosen])
+    assert torch.equal(out["input_ids"][~chosen], (ids * mask)[~chosen])
+    share = chosen.sum() / maskable.sum()
+    masked = (out["input_ids"][chosen] == MASK_ID).float().mean()
+    unchanged = (out["input_ids"][chosen] == ids[chosen]).float().mean()
+    assert abs(share - 0.15) < 0.005 and abs(masked - 0.8) < 0.01
+    assert abs(unchanged - 0.1) < 0.01  # (a random token may also draw the same one)
+
+
+def test_masking_repeats_for_the_same_seed_and_batch_and_differs_otherwise() -> None:
+    batch = {"input_ids": torch.randint(5, 1000, (8, 64))}
+    first = masking(seed=7)(batch, number=3)
+    assert torch.equal(first["input_ids"], masking(seed=7)(batch, number=3)["input_ids"])
+    assert not torch.equal(first["labels"], masking(seed=7)(batch, number=4)["labels"])
+    assert not torch.equal(first["labels"], masking(seed=8 << 32)(batch, number=3)["labels"])
+
+
+def test_masked_lm_labels_in_the_slice_are_used_as_they_are() -> None:
+    spec = model_config("masked-lm", ["input_ids"])
+    ids, given = torch.randint(5, 100, (2, 6)), torch.full((2, 6), -100)
+    inputs = ModelInputs(spec, masking=masking())({"input_ids": ids, "labels": given})
+    assert torch.equal(inputs["input_ids"], ids) and torch.equal(inputs["labels"], given)
+
+
+def test_masked_lm_without_a_mask_token_is_refused_in_one_line() -> None:
+    with pytest.raises(JobSpecError, match=r"^masked-lm: the tokenizer has no mask token"):
+        MaskedLanguageModelling.from_tokenizer(tiny_tokenizer(), seed=0)

@@ -13,6 +13,7 @@ import pytest
 
 from hypha.accelerate_executor.errors import JobSpecError, UntrainableJobError
 from hypha.accelerate_executor.job import ModelTask, parse_job
+from hypha.accelerate_executor.tasks import TASKS, Trains
 
 EXAMPLES = sorted((Path(__file__).parents[2] / "shared" / "examples").glob("job-*.json"))
 if not EXAMPLES:  # a clone without shared/ beside it: the copies in tests/data serve
@@ -45,22 +46,29 @@ def test_at_path_reads_a_file(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("task", get_args(ModelTask))
-def test_every_model_task_is_accepted(task: str) -> None:
-    job = with_changes(lambda c: c["model"].__setitem__("task", task))
-    assert parse_job(json.dumps(job)).config.model.task == task
+def test_every_model_task_trains_or_is_refused_in_one_line(task: str) -> None:
+    job = json.dumps(with_changes(lambda c: c["model"].__setitem__("task", task)))
+    entry = TASKS[task]
+    if isinstance(entry, Trains):
+        assert parse_job(job).config.model.task == task
+        return
+    with pytest.raises(UntrainableJobError) as refused:
+        parse_job(job)
+    assert str(refused.value) == (
+        f"cannot train: executor.config.model.task: {task!r} ({entry.auto_class}) is refused: "
+        f"{entry.reason}"
+    )
+    assert "\n" not in str(refused.value)
 
 
-def test_every_model_task_names_a_transformers_class() -> None:
+def test_the_task_table_covers_every_task_and_names_transformers_classes() -> None:
     pytest.importorskip("torch")
-    import transformers
+    from hypha.accelerate_executor.modeling import _transformers_class
 
-    from hypha.accelerate_executor.modeling import AUTO_MODEL_CLASSES, _transformers_class
-
-    assert set(AUTO_MODEL_CLASSES) == set(get_args(ModelTask))
-    for task, name in AUTO_MODEL_CLASSES.items():
-        assert _transformers_class(name, task) is not None, task
-    assert AUTO_MODEL_CLASSES["causal-lm"] == "AutoModelForCausalLM"
-    assert getattr(transformers, AUTO_MODEL_CLASSES["table-question-answering"])
+    assert list(TASKS) == list(get_args(ModelTask))
+    for task, entry in TASKS.items():
+        assert _transformers_class(entry.auto_class, task) is not None, task
+    assert TASKS["table-question-answering"].auto_class == "AutoModelForQuestionAnswering"
 
 
 @pytest.mark.parametrize(

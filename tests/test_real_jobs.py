@@ -173,3 +173,21 @@ def test_micro_batches_follow_the_whole_batch_loss_curve(catalog: Catalog, short
         assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
         curves.append([m["loss"] for _, m in sorted(worker["metrics"].items())])
     assert curves[1] == pytest.approx(curves[0], rel=1e-4)
+
+
+def test_the_masked_lm_job_trains_offline(tmp_path: Path, short_tmp: Path) -> None:
+    """`local demo --job bert-mlm`'s job: a BERT whose tokenizer ships in the artifact, slices
+    of input_ids and attention_mask, input-names without labels; BERT's masking makes them."""
+    from hypha.accelerate_executor.local.demo import run_demo
+    from hypha.accelerate_executor.local.worker import preset
+
+    options = RunOptions.for_job("bert-mlm", workers=1)  # 4 rounds of 30 batches
+    out = tmp_path / "out"
+    run_demo(options, preset("process"), out_dir=out, work_base=short_tmp,
+             assets_dir=tmp_path / "assets")  # fmt: skip
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["workers"]["w1"]["exit_code"] == 0
+    losses = [record["mean_loss"] for record in summary["rounds"]]
+    # One worker, measured: 4.171 -> 3.327 (3 rounds), 4.160 -> 3.665 (4 rounds, a plateau
+    # that two workers leave: 4.237 -> 2.059 in `local demo --job bert-mlm --workers 2`).
+    assert losses[-1] < 0.9 * losses[0], losses

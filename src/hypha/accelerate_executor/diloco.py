@@ -1,9 +1,14 @@
 """DiLoCo's outer state on a worker: the global weights a round starts from.
 
-theta_global lives in host memory in fp32 for the whole job (pinned when a GPU is
-present, for fast copies), never re-read from disk. At a sync point the worker sends
-theta_local - theta_global; when the parameter server's update u arrives, theta_global
-becomes theta_global + u and is loaded into the model.
+theta_global lives in host memory for the whole job (pinned when a GPU is present, for fast
+copies), never re-read from disk: floating tensors in fp32, integer and boolean ones (a
+BatchNorm's counter, a mask buffer) in their own dtype. At a sync point the worker sends
+theta_local - theta_global, floating tensors in the pseudo-gradient dtype and the others in
+their own, as upstream's executor does (a boolean's change is sent as local XOR global,
+since booleans do not subtract). When the parameter server's update u arrives, theta_global
+becomes theta_global + u for every tensor it holds, and is loaded into the model; a tensor
+the update leaves out (Hypha's parameter server cannot load booleans, int8, int16, uint64 or
+float8) keeps its global value.
 
 Both files are model-sized, so they stream through a chunk-sized buffer: the subtraction
 is written out while it is still in cache, the update is added in as it is read, and no
@@ -30,7 +35,7 @@ class GlobalWeights:
     def __init__(self, weights: dict[str, torch.Tensor]) -> None:
         pin = torch.cuda.is_available()
         self.tensors = {
-            name: tensor.detach().to("cpu", torch.float32, copy=True)
+            name: tensor.detach().to("cpu", _kept_dtype(tensor.dtype), copy=True)
             for name, tensor in weights.items()
         }
         if pin:
@@ -40,23 +45,31 @@ class GlobalWeights:
     def write_pseudo_gradient(
         self, local: dict[str, torch.Tensor], path: Path, dtype: torch.dtype = torch.float32
     ) -> int:
-        """Writes theta_local - theta_global for every tensor to `path`; returns its size."""
-        header, entries = layout([(name, dtype, tuple(self.tensors[name].shape)) for name in local])
+        """Writes theta_local - theta_global for every tensor to `path`; returns its size.
+        Floating tensors go in `dtype`, the others in their own."""
+        header, entries = layout(
+            [
+                (name, self._wire_dtype(name, dtype), tuple(self.tensors[name].shape))
+                for name in local
+            ]
+        )
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "wb", buffering=0) as file:
             file.write(header)
             for entry in entries:
-                theta_local = local[entry.name].detach().to("cpu", torch.float32).reshape(-1)
                 theta_global = self.tensors[entry.name].view(-1)
+                kept = theta_global.dtype
+                theta_local = local[entry.name].detach().to("cpu", kept).reshape(-1)
+                difference = torch.bitwise_xor if kept == torch.bool else torch.sub
                 for start in range(0, entry.numel, CHUNK):
                     stop = min(start + CHUNK, entry.numel)
-                    delta = torch.sub(
+                    delta = difference(
                         theta_local[start:stop],
                         theta_global[start:stop],
-                        out=self._chunk(torch.float32, stop - start),
+                        out=self._chunk(kept, stop - start),
                     )
-                    if dtype != torch.float32:
-                        delta = self._chunk(dtype, stop - start).copy_(delta)
+                    if entry.dtype != kept:
+                        delta = self._chunk(entry.dtype, stop - start).copy_(delta)
                     _write_all(file, delta)
         return len(header) + sum(entry.nbytes for entry in entries)
 
@@ -77,18 +90,32 @@ class GlobalWeights:
                     )
             for entry in sorted(entries, key=lambda entry: entry.offset):
                 theta_global = self.tensors[entry.name].view(-1)
+                kept = theta_global.dtype
                 file.seek(entry.offset)
                 for start in range(0, entry.numel, CHUNK):
                     stop = min(start + CHUNK, entry.numel)
                     update = self._chunk(entry.dtype, stop - start)
                     _read_exactly(file, update, path)
-                    theta_global[start:stop] += update
+                    if kept == torch.bool:
+                        theta_global[start:stop] ^= update.to(torch.bool)
+                    elif kept.is_floating_point:
+                        theta_global[start:stop] += update
+                    else:  # what loading a floating update into an integer tensor would do
+                        theta_global[start:stop] += update.to(kept)
         return len(entries)
+
+    def _wire_dtype(self, name: str, dtype: torch.dtype) -> torch.dtype:
+        kept = self.tensors[name].dtype
+        return dtype if kept.is_floating_point else kept
 
     def _chunk(self, dtype: torch.dtype, elements: int) -> torch.Tensor:
         if dtype not in self._chunks:
             self._chunks[dtype] = torch.empty(CHUNK, dtype=dtype)
         return self._chunks[dtype][:elements]
+
+
+def _kept_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype.is_floating_point else dtype
 
 
 def _write_all(file: FileIO, tensor: torch.Tensor) -> None:

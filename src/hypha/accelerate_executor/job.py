@@ -33,6 +33,7 @@ from hypha.accelerate_executor.serde import (
     tagged,
 )
 from hypha.accelerate_executor.serde_json import read_struct
+from hypha.accelerate_executor.tasks import refusal
 
 # serde's kebab-case of upstream's ModelType; `vison2-seq` (sic) is how it spells Vison2Seq,
 # and "vision2-seq" is unknown to it.
@@ -149,6 +150,13 @@ class ModelSpec(JobModel):
     task: ModelTask
     artifact: ArtifactReference
     input_names: InputNames
+
+    @field_validator("task")
+    @classmethod
+    def _trainable(cls, task: str) -> str:
+        if reason := refusal(task):  # tasks.py: the task table
+            raise ValueError(reason)
+        return task
 
 
 class PreprocessorSpec(JobModel):

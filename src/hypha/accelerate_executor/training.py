@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 # The module a worker runs (`python -m ...`), and what this process's own lines start with.
 PROG = "hypha.accelerate_executor.training"
 PSEUDO_GRADIENT_DTYPES = ("float32", "bfloat16")
+TRUTHY = ("1", "true", "yes")
 
 
 def say(message: str) -> None:
@@ -105,6 +106,7 @@ class Trainer:
         work_dir: Path,
         pseudo_gradient_dtype: str,
         micro_batch_size: int | None = None,
+        trust_remote_code: bool = False,
     ) -> None:
         # Heavy imports here, once the job spec is known to be good.
         import torch
@@ -138,7 +140,7 @@ class Trainer:
             if config.preprocessor is not None:
                 self.bridge.fetch(config.preprocessor.artifact)
         self.ranks.barrier()
-        model = load_model(config.model.task, artifacts)
+        model = load_model(config.model.task, artifacts, trust_remote_code)
         names = canonical_names(model)
         # Under ZeRO-3's init the parameters are already partitioned: numel() would be 0.
         self.parameter_count = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
@@ -147,8 +149,10 @@ class Trainer:
 
         processor = None
         if config.preprocessor is not None:
-            processor = load_preprocessor(config.preprocessor.task, artifacts)
-        self.inputs = ModelInputs(config, processor)
+            processor = load_preprocessor(config.preprocessor.task, artifacts, trust_remote_code)
+        self.inputs = ModelInputs.for_job(
+            job, processor, artifacts, self.accelerator.device, self.ranks.index
+        )
         self.data = SliceStream(
             self.bridge, work_dir, config.data, slice_names(config), config.batch_size, self.ranks
         )
@@ -271,11 +275,7 @@ class Trainer:
         return stats
 
     def next_batch(self) -> Batch:
-        batch = self.inputs(next(self.batches))
-        return {
-            name: tensor.to(self.accelerator.device, non_blocking=True)
-            for name, tensor in batch.items()
-        }
+        return self.inputs(next(self.batches))  # on the device, labels made there
 
     def report_round(self, round_number: int, stats: RoundStats) -> Done | None:
         """Rank 0: waits for every status answer (none may be pending at `update`), then
@@ -379,6 +379,8 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
         help="samples per micro-batch (default auto: the whole batch, halved on out of memory)",
     )
     arguments = parser.parse_args(argv)
+    # Remote code in a model repository runs only when the operator opts in.
+    arguments.trust_remote_code = os.environ.get("HYPHA_TRUST_REMOTE_CODE", "") in TRUTHY
     if arguments.job is None:
         raise UsageError("the job is missing: give --job, or set JOB_JSON")
     return arguments
@@ -411,6 +413,7 @@ def main(argv: list[str] | None = None) -> int:
             arguments.work_dir,
             arguments.pseudo_gradient_dtype,
             arguments.micro_batch_size,
+            arguments.trust_remote_code,
         ).run()
         return EXIT_OK
 

@@ -1,7 +1,8 @@
 """The embedded models and data sets of the local cluster: nothing to download.
 
 Each kind of job has its assets: a spec that writes a model folder and a data set of
-safetensors slices (`AssetKind`). Here the causal-LM job's: a tiny GPT-2 (random init, fixed seed) saved with `save_pretrained` into a model store,
+safetensors slices (`AssetKind`). Here the masked-LM job's (MaskedLmSpec) and the causal-LM
+job's: a tiny GPT-2 (random init, fixed seed) saved with `save_pretrained` into a model store,
 and token sequences drawn from a fixed random sparse Markov chain, cut into safetensors
 slices. The chain gives the data learnable structure: a model that learns its bigram
 table drops from ln(vocab) to about the chain's entropy, so a falling loss is visible
@@ -179,9 +180,7 @@ def _write_model(spec: AssetSpec, folder: Path) -> None:
 
     hf_logging.disable_progress_bar()
     build_model(spec).save_pretrained(folder)
-    missing = [name for name in MODEL_FILENAMES if not (folder / name).is_file()]
-    if missing:
-        raise RuntimeError(f"save_pretrained did not write {', '.join(missing)}")
+    _check_written(folder, MODEL_FILENAMES)
 
 
 def _write_dataset(spec: AssetSpec, folder: Path) -> None:
@@ -202,3 +201,103 @@ def _write_dataset(spec: AssetSpec, folder: Path) -> None:
         save_file(
             {"input_ids": tokens, "labels": tokens.clone()}, str(folder / f"{index}.safetensors")
         )
+
+
+# BERT's special tokens, ahead of the chain's tokens in the masked-LM job's vocabulary.
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+@dataclass(frozen=True)
+class MaskedLmSpec:
+    """The masked-LM job's assets: a tiny BERT shipped with its tokenizer (word-level, BERT's
+    special tokens, then `words` words) and slices of `input_ids` and `attention_mask`
+    without labels, as upstream's data docs prepare text: [CLS] words [SEP], every other row
+    padded at its end. Each row draws its words from one topic of `topic_words` words, so a
+    masked word follows from the others in its row: the loss falls from ln(vocabulary)
+    towards ln(topic_words) within a demo's rounds."""
+
+    seed: int = 0
+    words: int = 64
+    topic_words: int = 4
+    seq_len: int = 32
+    slices: int = 12
+    samples_per_slice: int = 64
+    hidden_size: int = 64
+    layers: int = 2
+    heads: int = 4
+    padded_tokens: int = 6
+
+    model_repository: ClassVar[str] = "local/tiny-bert-mlm"
+    model_filenames: ClassVar[tuple[str, ...]] = (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    )
+    preprocessor_filenames: ClassVar[tuple[str, ...]] = ()
+
+    @property
+    def dataset_name(self) -> str:
+        return f"topics-{self.words}-text"
+
+    def cache_key(self) -> str:
+        return cache_key("mlm-v1", asdict(self))
+
+    def write_model(self, folder: Path) -> None:
+        import torch
+        from tokenizers import Tokenizer
+        from tokenizers.models import WordLevel
+        from tokenizers.pre_tokenizers import WhitespaceSplit
+        from transformers import BertConfig, BertForMaskedLM, PreTrainedTokenizerFast
+
+        words = [*SPECIAL_TOKENS, *(f"w{i}" for i in range(self.words))]
+        backend = Tokenizer(WordLevel({word: i for i, word in enumerate(words)}, "[UNK]"))
+        backend.pre_tokenizer = WhitespaceSplit()
+        tokenizer = PreTrainedTokenizerFast(
+            tokenizer_object=backend,
+            **{
+                f"{role}_token": f"[{role.upper()}]"
+                for role in ("pad", "unk", "cls", "sep", "mask")
+            },
+        )
+        config = BertConfig(
+            vocab_size=len(words),
+            hidden_size=self.hidden_size,
+            num_hidden_layers=self.layers,
+            num_attention_heads=self.heads,
+            intermediate_size=4 * self.hidden_size,
+            max_position_embeddings=self.seq_len,
+            pad_token_id=0,
+        )
+        torch.manual_seed(self.seed)
+        BertForMaskedLM(config).save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        _check_written(folder, self.model_filenames)
+
+    def write_dataset(self, folder: Path) -> None:
+        import torch
+        from safetensors.torch import save_file
+
+        cls, sep = SPECIAL_TOKENS.index("[CLS]"), SPECIAL_TOKENS.index("[SEP]")
+        generator = torch.Generator().manual_seed(self.seed + 1)
+        topics = torch.randperm(self.words, generator=generator).view(-1, self.topic_words)
+        folder.mkdir(parents=True)
+        for index in range(self.slices):
+            rows = self.samples_per_slice
+            topic = torch.randint(len(topics), (rows,), generator=generator)
+            pick = torch.randint(self.topic_words, (rows, self.seq_len), generator=generator)
+            ids = len(SPECIAL_TOKENS) + topics[topic.unsqueeze(1), pick]
+            mask = torch.ones_like(ids)
+            mask[1::2, -self.padded_tokens :] = 0
+            ids[:, 0] = cls
+            ids[torch.arange(rows), mask.sum(1) - 1] = sep
+            save_file(
+                {"input_ids": ids * mask, "attention_mask": mask},
+                str(folder / f"{index}.safetensors"),
+            )
+
+
+def _check_written(folder: Path, filenames: tuple[str, ...]) -> None:
+    missing = [name for name in filenames if not (folder / name).is_file()]
+    if missing:
+        raise RuntimeError(f"save_pretrained did not write {', '.join(missing)}")
