@@ -11,7 +11,9 @@ no NVML fallback) and HYPHA_HOST_DEV (a folder read instead of /dev).
 from __future__ import annotations
 
 import ctypes
+import platform
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -174,3 +176,71 @@ def _oldest_need() -> str:
         if (n := BY_NAME[name].driver) is not None
     ]
     return ">= " + min(needs, key=version_key)
+
+
+@dataclass(frozen=True)
+class Host:
+    """What this host offers the variants."""
+
+    nvidia: tuple[Path, ...]  # GPU device nodes
+    driver: Driver | None  # read only when there are NVIDIA GPUs
+    rocm: bool  # /dev/kfd and /dev/dri
+    apple_silicon: bool
+
+
+def read_host(env: Mapping[str, str]) -> Host:
+    dev = dev_dir(env)
+    nodes = tuple(nvidia_nodes(dev))
+    return Host(
+        nvidia=nodes,
+        driver=read_driver(env) if nodes else None,
+        rocm=rocm_nodes_present(dev),
+        apple_silicon=sys.platform == "darwin" and platform.machine() == "arm64",
+    )
+
+
+def can_run(host: Host, v: Variant) -> tuple[bool, str]:
+    """Whether this host runs the variant on its accelerator, and how (or why not)."""
+    if v.accelerator == "cpu":
+        return True, "on the CPU"
+    if v.accelerator == "rocm":
+        if host.rocm:
+            return True, "ROCm devices /dev/kfd and /dev/dri present"
+        return False, "no /dev/kfd and /dev/dri (AMD GPU kernel driver)"
+    if v.accelerator == "mps":
+        return host.apple_silicon, "Metal on Apple silicon" if host.apple_silicon else (
+            "macOS on Apple silicon only"
+        )
+    if not host.nvidia or host.driver is None:
+        return False, "no NVIDIA GPU (no /dev/nvidia<N>)"
+    if host.driver.version is None:
+        return False, f"NVIDIA GPUs, but no driver version readable ({host.driver.source})"
+    found = verdict(v, host.driver.version)
+    if found.mode == "native":
+        return True, f"natively (driver {found.driver})"
+    if found.mode is not None:
+        return True, (
+            f"through minor-version compatibility (driver {found.driver}; "
+            f"natively from {v.driver.native if v.driver else '?'})"
+        )
+    return False, f"needs a driver {found.needs()}; this host has {found.driver}"
+
+
+def pick_variant(host: Host) -> tuple[str, str]:
+    """The variant this host runs best, and why, in words for a comment."""
+    if host.nvidia and host.driver is not None:
+        gpus = f"{len(host.nvidia)} NVIDIA GPU(s)"
+        if host.driver.version is None:
+            return "cpu", f"{gpus}, but no driver version readable ({host.driver.source})"
+        best = best_nvidia(host.driver.version)
+        if best is None:
+            return "cpu", (
+                f"{gpus}, but driver {host.driver.version} runs no CUDA variant "
+                f"(the oldest need: {_oldest_need()})"
+            )
+        return best.variant.name, f"{gpus}; {describe(best)}"
+    if host.rocm:
+        return "rocm64", "ROCm devices /dev/kfd and /dev/dri present"
+    if host.apple_silicon:
+        return "mps-host", "macOS on Apple silicon: Metal, through the host bundle"
+    return "cpu", "no GPU on this host (no /dev/nvidia<N>, no /dev/kfd)"

@@ -44,7 +44,7 @@ from hypha.accelerate_executor import __version__
 from hypha.accelerate_executor.cli import OneLineArgumentParser
 from hypha.accelerate_executor.errors import EXIT_OK, HyphaError, LaunchError
 from hypha.accelerate_executor.gpu_host import describe as describe_verdict
-from hypha.accelerate_executor.gpu_host import nvidia_nodes, read_driver, verdict
+from hypha.accelerate_executor.gpu_host import dev_dir, nvidia_nodes, read_driver, verdict
 from hypha.accelerate_executor.supervisor import Interrupts, Supervisor
 from hypha.accelerate_executor.variants import BY_NAME, NAMES, VARIANTS
 
@@ -150,8 +150,9 @@ def check_driver(variant: str, gpus: int, env: Mapping[str, str], dev: Path = Pa
         nodes = ", ".join(str(p) for p in nvidia_nodes(dev)) or f"{gpus} GPU(s)"
         raise LaunchError(
             f"GPUs were handed to the container ({nodes}) but no NVIDIA driver version is "
-            f"readable ({driver.source}); {describe_verdict(found).removeprefix('no NVIDIA driver version found; ')}: "
-            "run it through the NVIDIA container toolkit (--gpus)"
+            f"readable ({driver.source}); the {variant} image "
+            f"({BY_NAME[variant].runtime_name()}) needs a driver {found.needs()}: "
+            "give it the GPUs through the NVIDIA container toolkit (--gpus)"
         )
     if not found.runs:
         raise LaunchError(describe_verdict(found))
@@ -414,11 +415,14 @@ def main(argv: list[str] | None = None) -> int:
             ]
             if missing:
                 raise LaunchError(f"missing {', '.join(missing)} (see --help)")
-        chosen = plan(args, os.environ)
+        dev = dev_dir(os.environ)
+        chosen = plan(args, os.environ, dev)
         accelerator = BY_NAME[chosen.variant].accelerator
         # Outside an image (no HYPHA_VARIANT) the torch installed is not the table's.
         if chosen.gpus and accelerator == "nvidia" and "HYPHA_VARIANT" in os.environ:
-            print(f"{PROG}: {check_driver(chosen.variant, chosen.gpus, os.environ)}", flush=True)
+            print(
+                f"{PROG}: {check_driver(chosen.variant, chosen.gpus, os.environ, dev)}", flush=True
+            )
         if not args.print_config:
             require_writable_home(os.environ)
             if chosen.gpus and accelerator in ("nvidia", "rocm"):
