@@ -151,8 +151,6 @@ def best_nvidia(driver: str | None) -> Verdict | None:
 def describe(v: Verdict) -> str:
     """One line: the driver, the variant, and whether and how one runs the other."""
     name = f"{v.variant.name} ({v.variant.runtime_name()})"
-    if v.driver is None:
-        return f"no NVIDIA driver version found; {name} needs a driver {v.needs()}"
     if v.mode == "native":
         return f"NVIDIA driver {v.driver} runs {name} natively"
     if v.mode is not None:
