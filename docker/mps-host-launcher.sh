@@ -41,7 +41,7 @@ if [ ! -x "$venv/bin/python" ]; then
     fi
 fi
 
-export HYPHA_VARIANT=mps
+export HYPHA_VARIANT=mps-host
 export HYPHA_ACCELERATE_CONFIGS="$here/accelerate-configs"
 export PYTHONUNBUFFERED=1
 # Operators missing on Metal run on the CPU instead of failing the job.

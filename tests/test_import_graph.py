@@ -35,6 +35,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "data",
             "diloco",
             "distributed",
+            "gpu_host",
             "inputs",
             "launcher",
             "modeling",

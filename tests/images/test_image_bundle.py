@@ -1,6 +1,6 @@
 """The mps-host bundle: built by `hypha-accelerate build mps-host`, it holds the project
 wheel, macOS pins, the mps config and a launcher script that runs the image launcher with
-HYPHA_VARIANT=mps (its install step needs macOS, so a ready venv stands in for it here)."""
+HYPHA_VARIANT=mps-host (its install step needs macOS, so a ready venv stands in for it here)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def test_mps_host_bundle_holds_wheel_pins_config_and_launcher(tmp_path: Path) ->
     )
     assert [p.name for p in (bundle / "accelerate-configs").iterdir()] == ["mps.yaml"]
     pins = (bundle / "requirements.txt").read_text().splitlines()
-    assert "torch==2.13.0" in pins and not any(line.startswith("-r") for line in pins)
+    assert "torch===2.13.0" in pins and not any(line.startswith("-r") for line in pins)
     script = bundle / "hypha-accelerate-mps"
     assert os.access(script, os.X_OK)
 
@@ -45,7 +45,7 @@ def test_mps_host_bundle_holds_wheel_pins_config_and_launcher(tmp_path: Path) ->
         timeout=60,
     )
     assert shown.returncode == 0, shown.stderr
-    assert "variant: mps" in shown.stdout
+    assert "variant: mps-host" in shown.stdout
     assert f"accelerate config: {bundle}/accelerate-configs/mps.yaml (auto" in shown.stdout
     assert "launch: training module directly" in shown.stdout
 

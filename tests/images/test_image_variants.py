@@ -1,7 +1,8 @@
 """Each variant's pinned requirements, read as pip reads them. The torch builds of cu126,
-cu129 and rocm64 cannot be fetched here, so for them these files are all there is to check;
-what the built images do is tested on the images: test_image_cpu.py, test_image_cu130.py
-(PyPI's CUDA build, marked cuda_image) and test_image_standin_gpu.py (the cu126 stage graph
+cu129 and rocm64 cannot be fetched here, so for them these files are all there is to check
+(tests/test_variant_pins.py proves each pin names a wheel that exists); what the built
+images do is tested on the images: test_image_cpu.py, test_image_cuda.py (cu128 and cu130,
+PyPI's CUDA builds, marked cuda_image) and test_image_standin_gpu.py (the cu126 stage graph
 with a stand-in torch)."""
 
 from __future__ import annotations
@@ -14,18 +15,11 @@ from packaging.requirements import Requirement
 
 from hypha.accelerate_executor.shim import build
 from hypha.accelerate_executor.shim.variants import CONTAINER_VARIANTS, GPU_VARIANTS
+from hypha.accelerate_executor.variants import BY_NAME
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = (ROOT / "docker" / "Dockerfile").read_text()
 REQUIREMENTS = ROOT / "docker" / "requirements"
-# The torch build each variant must install; cu130's is PyPI's own, which has no local label.
-TORCH_BUILDS = {
-    "cpu": "2.13.0+cpu",
-    "cu126": "2.13.0+cu126",
-    "cu129": "2.13.0+cu129",
-    "cu130": "2.13.0",
-    "rocm64": "2.13.0+rocm6.4",
-}
 
 
 def requirements(name: str) -> dict[str, Requirement]:
@@ -49,22 +43,24 @@ def test_every_build_arg_is_documented_in_the_header() -> None:
 
 @pytest.mark.parametrize("variant", CONTAINER_VARIANTS)
 def test_variant_pins_its_torch_build_over_the_common_closure(variant: str) -> None:
-    pinned = {name: pinned_version(r) for name, r in requirements(f"{variant}.txt").items()}
-    assert pinned["torch"] == TORCH_BUILDS[variant]
-    assert build.torch_pin(ROOT, f"{variant}.txt") == "2.13.0"
+    row = BY_NAME[variant]
+    pinned = {name: pinned_version(r) for name, r in requirements(row.requirements).items()}
+    assert pinned["torch"] == row.torch_build
+    assert build.torch_pin(ROOT, row.requirements) == row.torch
     common = {name: pinned_version(r) for name, r in requirements("common.txt").items()}
     assert common.items() <= pinned.items()
     # Jobs with an `image` preprocessor (upstream's default job) need PIL.
     assert "pillow" in common
 
 
-def test_cu130_takes_only_pypis_build_of_torch() -> None:
-    # A local 2.13.0+cpu (this machine's find-links, the PyTorch CPU index) satisfies
-    # `==2.13.0` and would win as the higher version; the pin must refuse it.
-    torch = requirements("cu130.txt")["torch"]
-    assert torch.specifier.contains("2.13.0")
-    assert not torch.specifier.contains("2.13.0+cpu")
-    assert not torch.specifier.contains("2.13.0+cu130")
+@pytest.mark.parametrize(("variant", "version"), [("cu128", "2.10.0"), ("cu130", "2.13.0")])
+def test_pypi_cuda_variants_take_only_pypis_build_of_torch(variant: str, version: str) -> None:
+    # A local X+cpu (this machine's find-links, the PyTorch CPU index) satisfies `==X` and
+    # would win as the higher version; the pin must refuse it.
+    torch = requirements(f"{variant}.txt")["torch"]
+    assert torch.specifier.contains(version)
+    assert not torch.specifier.contains(f"{version}+cpu")
+    assert not torch.specifier.contains(f"{version}+{variant}")
 
 
 @pytest.mark.parametrize("variant", GPU_VARIANTS)
@@ -80,7 +76,7 @@ def test_cpu_carries_no_gpu_package() -> None:
 
 def test_the_mps_bundle_pins_pypis_macos_torch_and_the_common_closure() -> None:
     pinned = requirements("mps.txt")
-    assert pinned_version(pinned["torch"]) == "2.13.0"
+    assert pinned_version(pinned["torch"]) == BY_NAME["mps-host"].torch
     assert requirements("common.txt").items() <= pinned.items()
 
 

@@ -101,3 +101,65 @@ def test_base_the_worker_cannot_write(work_base: Path) -> None:
     )
     assert rows["work dir base"][0] == "FAIL"
     assert f"{WORKER_UID}:{WORKER_GID} cannot create work dirs" in rows["work dir base"][1]
+
+
+def test_the_host_rows_on_a_fake_gpu_host(tmp_path: Path) -> None:
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    for index in range(2):
+        (dev / f"nvidia{index}").touch()
+    version = tmp_path / "version"
+    version.write_text(
+        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.54.15  Release Build  "
+        "(dvs-builder@U16-I3-B03-4-3)  Tue Mar  5 22:23:56 UTC 2024\n"
+    )
+    code, rows = doctor(
+        "--work-dir-base",
+        str(tmp_path),
+        env={
+            "DOCKER_HOST": "unix:///nonexistent.sock",
+            "HYPHA_HOST_DEV": str(dev),
+            "HYPHA_NVIDIA_DRIVER_VERSION_FILE": str(version),
+        },
+    )
+    assert code == 1  # no engine, so no cpu run
+    assert rows["nvidia driver"] == (
+        "ok",
+        f"550.54.15 (from {version}); 2 GPU(s): {dev}/nvidia0, {dev}/nvidia1",
+    )
+    assert rows["runs cpu"] == ("ok", "on the CPU")
+    assert rows["runs cu126"] == (
+        "ok",
+        "through minor-version compatibility (driver 550.54.15; natively from 560.28.03)",
+    )
+    assert rows["runs cu128"][0] == rows["runs cu129"][0] == "ok"
+    assert rows["runs cu130"] == ("no", "needs a driver >= 580.65.06; this host has 550.54.15")
+    assert rows["runs rocm64"][0] == "no"
+    assert rows["best variant"] == (
+        "ok",
+        "cu128: 2 NVIDIA GPU(s); NVIDIA driver 550.54.15 runs cu128 (CUDA 12.8) through "
+        "minor-version compatibility (natively from 570.26)",
+    )
+
+
+def test_gpus_without_a_driver_version_fail_the_driver_row(tmp_path: Path) -> None:
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    (dev / "nvidia0").touch()
+    _, rows = doctor(
+        "--work-dir-base",
+        str(tmp_path),
+        env={
+            "DOCKER_HOST": "unix:///nonexistent.sock",
+            "HYPHA_HOST_DEV": str(dev),
+            "HYPHA_NVIDIA_DRIVER_VERSION_FILE": str(tmp_path / "absent"),
+        },
+    )
+    assert rows["nvidia driver"] == (
+        "FAIL",
+        f"1 GPU(s): {dev}/nvidia0, but no driver version ({tmp_path}/absent: No such file or directory)",
+    )
+    assert all(rows[f"runs {v}"][0] == "no" for v in ("cu126", "cu128", "cu129", "cu130"))
+    assert rows["best variant"][1].startswith(
+        "cpu: 1 NVIDIA GPU(s), but no driver version readable"
+    )

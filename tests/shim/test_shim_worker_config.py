@@ -28,9 +28,15 @@ from hypha.accelerate_executor.shim.variants import CONTAINER_VARIANTS, image_ta
 TOKENS = ["--socket", "{SOCKET_PATH}", "--work-dir", "{WORK_DIR}"]
 
 
-def worker_config(*args: str) -> subprocess.CompletedProcess[str]:
+def worker_config(
+    *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        shim_command("worker-config", *args), capture_output=True, text=True, check=False
+        shim_command("worker-config", *args),
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -102,6 +108,68 @@ def test_errors(args: list[str], words: str) -> None:
     assert result.stdout == ""
     [line] = result.stderr.splitlines()
     assert line.startswith("hypha-accelerate worker-config: ") and words in line
+
+
+def fake_host(
+    base: Path, gpus: int = 0, driver: str | None = None, rocm: bool = False
+) -> dict[str, str]:
+    """A host as /dev and /proc/driver/nvidia/version show it, through the test-only overrides."""
+    dev = base / "dev"
+    dev.mkdir()
+    for index in range(gpus):
+        (dev / f"nvidia{index}").touch()
+    if rocm:
+        (dev / "kfd").touch()
+        (dev / "dri").mkdir()
+    version = base / "version"
+    if driver:
+        version.write_text(
+            f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {driver}  Sat Aug 19 UTC 2023\n"
+        )
+    return {"HYPHA_HOST_DEV": str(dev), "HYPHA_NVIDIA_DRIVER_VERSION_FILE": str(version)}
+
+
+@pytest.mark.parametrize(
+    ("host", "variant", "why"),
+    [
+        (
+            {"gpus": 2, "driver": "535.104.05"},
+            "cu128",
+            "2 NVIDIA GPU(s); NVIDIA driver 535.104.05 runs cu128 (CUDA 12.8) through "
+            "minor-version compatibility (natively from 570.26)",
+        ),
+        (
+            {"gpus": 8, "driver": "580.95.05"},
+            "cu130",
+            "8 NVIDIA GPU(s); NVIDIA driver 580.95.05 runs cu130 (CUDA 13.0) natively",
+        ),
+        (
+            {"gpus": 1, "driver": "560.35.03"},
+            "cu126",
+            "1 NVIDIA GPU(s); NVIDIA driver 560.35.03 runs cu126 (CUDA 12.6) natively",
+        ),
+        (
+            {"gpus": 1, "driver": "470.256.02"},
+            "cpu",
+            "1 NVIDIA GPU(s), but driver 470.256.02 runs no CUDA variant (the oldest need: >= 525.60.13)",
+        ),
+        ({"gpus": 1}, "cpu", "1 NVIDIA GPU(s), but no driver version readable ("),
+        ({"rocm": True}, "rocm64", "ROCm devices /dev/kfd and /dev/dri present"),
+        ({}, "cpu", "no GPU on this host (no /dev/nvidia<N>, no /dev/kfd)"),
+    ],
+)
+def test_auto_picks_the_variant_this_host_runs_best_and_says_why(
+    tmp_path: Path, host: dict[str, Any], variant: str, why: str
+) -> None:
+    result = worker_config("--variant", "auto", "--mode", "both", env=fake_host(tmp_path, **host))
+    assert result.returncode == 0, result.stderr
+    first, second = result.stdout.splitlines()[:2]
+    assert first.startswith(f"# --variant auto chose {variant}: {why}")
+    assert second.endswith(f"variant {variant}.")
+    shim, docker = tomllib.loads(result.stdout)["executors"]
+    assert shim["args"][:3] == ["run", "--variant", variant]
+    assert image_tags(variant)[0] in docker["args"]
+    assert ("--gpus" in docker["args"]) == variant.startswith("cu")
 
 
 def _as_the_worker_runs(entry: dict[str, Any], job: WorkerJob) -> list[str]:

@@ -17,16 +17,23 @@ whole group (the worker signals only its direct child, and the container may run
 --init); whatever is left after the grace period is killed, so a cancelled job is gone
 within 3 seconds.
 
-No torch import: GPUs are counted from /dev and the *_VISIBLE_DEVICES variables.
+No torch import in this process: GPUs are counted from /dev and the *_VISIBLE_DEVICES
+variables. When an image got GPUs, two checks run before any rank starts (gpu_host.py): an
+NVIDIA image reads the host driver's version and says in one line whether it runs natively
+or through minor-version compatibility, or ends (exit 2) naming the driver it needs and the
+variant that would run on this host; then a short child process asks torch whether it can
+use them, and the launch ends (exit 2) when it cannot: GPUs handed in are never left idle
+while the job trains on the CPU. The CPU fallback, with a warning, is only for a GPU image
+started without any GPU.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import re
 import signal
 import socket
+import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,10 +43,12 @@ from typing import Any
 from hypha.accelerate_executor import __version__
 from hypha.accelerate_executor.entry import OneLineArgumentParser, run_main
 from hypha.accelerate_executor.errors import EXIT_OK, LaunchError
+from hypha.accelerate_executor.gpu_host import describe as describe_verdict
+from hypha.accelerate_executor.gpu_host import dev_dir, nvidia_nodes, read_driver, verdict
 from hypha.accelerate_executor.supervisor import Interrupts, Supervisor
+from hypha.accelerate_executor.variants import BY_NAME, NAMES, VARIANTS
 
 TRAINING_MODULE = "hypha.accelerate_executor.training"
-VARIANTS = ("cpu", "cu126", "cu129", "cu130", "rocm64", "mps")
 PROG = "launcher"  # what its lines start with
 AMD_VENDOR_ID = "0x1002"
 
@@ -74,16 +83,11 @@ def image_variant(env: Mapping[str, str], dev: Path = Path("/dev")) -> str:
     present stands for it."""
     variant = env.get("HYPHA_VARIANT")
     if variant is None:
-        if (dev / "kfd").exists():
-            return "rocm64"
-        return "cu126" if _nvidia_nodes(dev) else "cpu"
-    if variant not in VARIANTS:
-        raise LaunchError(f"HYPHA_VARIANT={variant!r} is not one of {', '.join(VARIANTS)}")
+        present = "rocm" if (dev / "kfd").exists() else "nvidia" if nvidia_nodes(dev) else "cpu"
+        return next(v.name for v in VARIANTS if v.accelerator == present)
+    if variant not in NAMES:
+        raise LaunchError(f"HYPHA_VARIANT={variant!r} is not one of {', '.join(NAMES)}")
     return variant
-
-
-def _nvidia_nodes(dev: Path) -> list[Path]:
-    return [p for p in dev.glob("nvidia*") if re.fullmatch(r"nvidia\d+", p.name)]
 
 
 def _visible_limit(env: Mapping[str, str], names: Sequence[str]) -> int | None:
@@ -103,10 +107,11 @@ def count_gpus(
     """GPUs this process may use. The NVIDIA runtime and `--device` put only the granted
     devices into the container's /dev, so the nodes there are the truth; the visibility
     variables can narrow them further."""
-    if variant in ("cu126", "cu129", "cu130"):
-        found = len(_nvidia_nodes(dev))
+    accelerator = BY_NAME[variant].accelerator
+    if accelerator == "nvidia":
+        found = len(nvidia_nodes(dev))
         limit = _visible_limit(env, ("CUDA_VISIBLE_DEVICES",))
-    elif variant == "rocm64":
+    elif accelerator == "rocm":
         if not (dev / "kfd").exists():
             return 0
         # Render nodes of other vendors (an integrated GPU, say) may sit beside AMD's.
@@ -118,7 +123,7 @@ def count_gpus(
         limit = _visible_limit(
             env, ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
         )
-    elif variant == "mps":
+    elif accelerator == "mps":
         return 1
     else:
         return 0
@@ -133,7 +138,63 @@ def _read(path: Path) -> str:
 
 
 def gpu_image_without_gpus(variant: str, gpus: int) -> bool:
-    return variant not in ("cpu", "mps") and gpus == 0
+    return BY_NAME[variant].gpu and gpus == 0
+
+
+def check_driver(variant: str, gpus: int, env: Mapping[str, str], dev: Path = Path("/dev")) -> str:
+    """For an NVIDIA image handed GPUs: the line saying how the host's driver runs it. A
+    driver too old for it, or none to be found, ends the launch with that line."""
+    driver = read_driver(env)
+    found = verdict(BY_NAME[variant], driver.version)
+    if driver.version is None:
+        nodes = ", ".join(str(p) for p in nvidia_nodes(dev)) or f"{gpus} GPU(s)"
+        raise LaunchError(
+            f"GPUs were handed to the container ({nodes}) but no NVIDIA driver version is "
+            f"readable ({driver.source}); the {variant} image "
+            f"({BY_NAME[variant].runtime_name()}) needs a driver {found.needs()}: "
+            "give it the GPUs through the NVIDIA container toolkit (--gpus)"
+        )
+    if not found.runs:
+        raise LaunchError(describe_verdict(found))
+    return f"{describe_verdict(found)} (from {driver.source})"
+
+
+# Run in a child, so that no CUDA context stays in the launcher while the ranks train.
+CUDA_PROBE = """\
+import torch
+if torch.cuda.is_available() and torch.cuda.device_count() > 0:
+    print("ok", torch.cuda.device_count())
+else:
+    try:
+        torch.cuda.init()
+        print("unusable: torch.cuda.is_available() is False")
+    except Exception as exc:
+        print("unusable:", (str(exc).strip().splitlines() or [type(exc).__name__])[-1])
+"""
+
+
+def require_usable_gpus(variant: str, gpus: int, env: Mapping[str, str]) -> None:
+    """GPUs were handed in: torch must be able to use them, or the launch ends here."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", CUDA_PROBE],
+            env=dict(env),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    except subprocess.TimeoutExpired:
+        raise LaunchError("asking torch for the GPUs took over 300 s; not starting") from None
+    answer = (done.stdout.strip().splitlines() or [""])[-1]
+    if done.returncode != 0 or not answer.startswith("ok"):
+        why = (
+            answer.removeprefix("unusable: ")
+            or (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        )
+        raise LaunchError(
+            f"{gpus} GPU(s) were handed to the {variant} container but torch cannot use them "
+            f"({why}); not training on the CPU instead"
+        )
 
 
 def resolve_config(
@@ -154,14 +215,16 @@ def resolve_config(
         elif not path.is_file():
             raise LaunchError(f"accelerate config {requested} does not exist")
         return path, "given"
-    if variant == "mps":
+    if BY_NAME[variant].accelerator == "mps":
         name = "mps"
     elif variant == "cpu" or gpus == 0:
         name = "multi-cpu" if (num_processes or 1) > 1 else "cpu"
         if gpu_image_without_gpus(variant, gpus):
             # main says this on stdout: a GPU image without GPUs usually lacks a runtime flag.
             runtime = (
-                "--gpus all" if variant.startswith("cu") else "--device /dev/kfd --device /dev/dri"
+                "--gpus all"
+                if BY_NAME[variant].accelerator == "nvidia"
+                else "--device /dev/kfd --device /dev/dri"
             )
             return directory / f"{name}.yaml", (
                 f"auto: the {variant} image sees no GPU, so it trains on the CPU "
@@ -352,9 +415,18 @@ def main(argv: list[str] | None = None) -> int:
             ]
             if missing:
                 raise LaunchError(f"missing {', '.join(missing)} (see --help)")
-        chosen = plan(args, os.environ)
+        dev = dev_dir(os.environ)
+        chosen = plan(args, os.environ, dev)
+        accelerator = BY_NAME[chosen.variant].accelerator
+        # Outside an image (no HYPHA_VARIANT) the torch installed is not the table's.
+        if chosen.gpus and accelerator == "nvidia" and "HYPHA_VARIANT" in os.environ:
+            print(
+                f"{PROG}: {check_driver(chosen.variant, chosen.gpus, os.environ, dev)}", flush=True
+            )
         if not args.print_config:
             require_writable_home(os.environ)
+            if chosen.gpus and accelerator in ("nvidia", "rocm"):
+                require_usable_gpus(chosen.variant, chosen.gpus, os.environ)
         if args.print_config:
             print(describe(chosen))
             return EXIT_OK

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import glob
 import os
 from typing import TYPE_CHECKING
 
 from hypha.accelerate_executor.errors import DockerError
+from hypha.accelerate_executor.gpu_host import dev_dir, rocm_nodes_present
 
 if TYPE_CHECKING:
     from docker import APIClient
@@ -30,7 +30,7 @@ def require_nvidia_runtime(api: APIClient, variant: str) -> None:
 
 
 def rocm_present() -> bool:
-    return all(os.path.exists(path) for path in ROCM_DEVICES)
+    return rocm_nodes_present(dev_dir(os.environ))
 
 
 def rocm_device_groups() -> list[str]:
@@ -42,5 +42,6 @@ def rocm_device_groups() -> list[str]:
             "variant rocm64 needs the AMD GPU kernel driver: /dev/kfd or /dev/dri is missing "
             "on this host",
         )
-    nodes = ["/dev/kfd", *sorted(glob.glob("/dev/dri/renderD*"))]
+    dev = dev_dir(os.environ)
+    nodes = [dev / "kfd", *sorted((dev / "dri").glob("renderD*"))]
     return [str(gid) for gid in sorted({os.stat(node).st_gid for node in nodes}) if gid != 0]

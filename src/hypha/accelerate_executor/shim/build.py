@@ -32,6 +32,7 @@ from hypha.accelerate_executor import __version__
 from hypha.accelerate_executor.entry import OneLineArgumentParser, run_main
 from hypha.accelerate_executor.errors import EXIT_OK, BuildError, DockerError, ShimError
 from hypha.accelerate_executor.shim.variants import CONTAINER_VARIANTS, HOST_VARIANT, image_tags
+from hypha.accelerate_executor.variants import BY_NAME
 
 if TYPE_CHECKING:
     from docker import APIClient
@@ -62,6 +63,7 @@ class ImageBuild:
             "VERSION": __version__,
             "SOURCE_REVISION": self.revision,
             "TORCH_VERSION": self.torch_version,
+            "TORCH_INDEX_URL": BY_NAME[self.variant].index or "",
         }
         if self.base_image:
             args["BASE_IMAGE"] = self.base_image
@@ -382,7 +384,12 @@ def main(argv: list[str]) -> int:
 
                 api = connect()
             # Checked first: a bad requirements file should not cost a wheelhouse.
-            torch_version = torch_pin(root, args.requirements or f"{variant}.txt")
+            torch_version = torch_pin(root, args.requirements or BY_NAME[variant].requirements)
+            if not args.requirements and torch_version != BY_NAME[variant].torch:
+                raise ShimError(
+                    f"docker/requirements/{BY_NAME[variant].requirements} pins torch "
+                    f"{torch_version}, the variants table {BY_NAME[variant].torch}: make them agree"
+                )
             base = args.base_image or (OFFLINE_BASE_IMAGE if offline else None)
             if base and offline:
                 ensure_base_image(api, root, base)

@@ -2,10 +2,12 @@
 
     hypha-accelerate doctor [--work-dir-base DIR] [--image IMG]
 
-Checks the Docker engine, the image of every variant, the GPU runtimes, the worker's work
-dir base, and finally runs the cpu image's launcher the way the shim runs a job (hardened,
-as this user, the work dir bind-mounted). Prints one row per check and a verdict; exits 0
-when the cpu path works.
+Checks the host's GPUs (the NVIDIA driver's version, ROCm's devices) and, per variant,
+whether this host runs it and how (natively or through CUDA minor-version compatibility),
+the Docker engine, the image of every variant, the GPU runtimes, the worker's work dir base,
+and finally runs the cpu image's launcher the way the shim runs a job (hardened, as this
+user, the work dir bind-mounted). Prints one row per check and a verdict; exits 0 when the
+cpu path works.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING
 from hypha.accelerate_executor import __version__
 from hypha.accelerate_executor.entry import OneLineArgumentParser, run_main
 from hypha.accelerate_executor.errors import EXIT_FAILED, EXIT_OK, ShimError
+from hypha.accelerate_executor.gpu_host import Host, can_run, pick_variant, read_host
 from hypha.accelerate_executor.shim.variants import (
     CONTAINER_VARIANTS,
     NVIDIA_VARIANTS,
@@ -30,6 +33,7 @@ from hypha.accelerate_executor.shim.variants import (
     image_tags,
 )
 from hypha.accelerate_executor.shim.worker_host import MAX_SOCKET_PATH_BYTES, SOCKET_SUFFIX_BYTES
+from hypha.accelerate_executor.variants import VARIANTS
 
 if TYPE_CHECKING:
     from docker import APIClient
@@ -40,7 +44,7 @@ PROG = "hypha-accelerate doctor"
 @dataclass(frozen=True)
 class Check:
     name: str
-    status: str  # ok, missing, warn, FAIL, skipped
+    status: str  # ok, missing, warn, FAIL, skipped; "runs V" rows: ok or no
     detail: str
 
     @property
@@ -106,6 +110,30 @@ def check_rocm() -> Check:
     return Check("rocm devices", "ok", f"/dev/kfd, /dev/dri; groups {', '.join(groups) or '-'}")
 
 
+def check_nvidia_driver(host: Host) -> Check:
+    name = "nvidia driver"
+    if host.driver is None:
+        return Check(name, "missing", "no NVIDIA GPU on this host (no /dev/nvidia<N>)")
+    gpus = f"{len(host.nvidia)} GPU(s): {', '.join(str(p) for p in host.nvidia)}"
+    if host.driver.version is None:
+        return Check(name, "FAIL", f"{gpus}, but no driver version ({host.driver.source})")
+    return Check(name, "ok", f"{host.driver.version} (from {host.driver.source}); {gpus}")
+
+
+def host_checks(host: Host) -> list[Check]:
+    """The host's GPUs, whether it runs each variant and how, and the one `auto` picks."""
+    runs = []
+    for v in VARIANTS:
+        ok, how = can_run(host, v)
+        runs.append(Check(f"runs {v.name}", "ok" if ok else "no", how))
+    best, why = pick_variant(host)
+    return [
+        check_nvidia_driver(host),
+        *runs,
+        Check("best variant", "ok", f"{best}: {why}"),
+    ]
+
+
 def check_work_dir_base(base: str) -> Check:
     name = "work dir base"
     try:
@@ -167,11 +195,12 @@ def run_checks(base: str, cpu_image_tag: str | None = None) -> list[Check]:
     from hypha.accelerate_executor.shim.engine import connect
 
     work_dir_base = _checked("work dir base", lambda: check_work_dir_base(base))
+    host = host_checks(read_host(os.environ))
     try:
         api = connect()
     except ShimError as exc:
         skipped = Check("cpu run", "skipped", "needs the Docker engine")
-        return [Check("docker engine", "FAIL", str(exc)), work_dir_base, skipped]
+        return [*host, Check("docker engine", "FAIL", str(exc)), work_dir_base, skipped]
     tags: dict[str, tuple[str, ...]] = {v: image_tags(v) for v in CONTAINER_VARIANTS}
     if cpu_image_tag:
         tags["cpu"] = (cpu_image_tag,)
@@ -179,6 +208,7 @@ def run_checks(base: str, cpu_image_tag: str | None = None) -> list[Check]:
         _checked(f"image {v}", partial(check_image, api, v, tags[v])) for v in CONTAINER_VARIANTS
     ]
     checks = [
+        *host,
         _checked("docker engine", lambda: check_engine(api)),
         *images,
         _checked("nvidia runtime", lambda: check_nvidia(api)),

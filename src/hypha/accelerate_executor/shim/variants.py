@@ -1,16 +1,30 @@
-"""The executor's variants and the image tags each one is built and run under."""
+"""The image tags each variant is built and run under; the variants themselves are the
+table in hypha.accelerate_executor.variants."""
 
 from __future__ import annotations
 
 from hypha.accelerate_executor import __version__
+from hypha.accelerate_executor.variants import (
+    CONTAINER_VARIANTS,
+    GPU_VARIANTS,
+    HOST_VARIANT,
+    NAMES,
+    NVIDIA_VARIANTS,
+)
+
+__all__ = [
+    "CONTAINER_VARIANTS",
+    "GPU_VARIANTS",
+    "HOST_VARIANT",
+    "IMAGE_REPOSITORY",
+    "NVIDIA_VARIANTS",
+    "VARIANTS",
+    "build_command",
+    "image_tags",
+]
 
 IMAGE_REPOSITORY = "hypha-accelerate-executor"
-CONTAINER_VARIANTS = ("cpu", "cu126", "cu129", "cu130", "rocm64")
-# Docker on macOS cannot reach Metal, so this variant is a bundle the shim runs on the host.
-HOST_VARIANT = "mps-host"
-VARIANTS = (*CONTAINER_VARIANTS, HOST_VARIANT)
-NVIDIA_VARIANTS = ("cu126", "cu129", "cu130")
-GPU_VARIANTS = (*NVIDIA_VARIANTS, "rocm64")
+VARIANTS = NAMES
 
 
 def image_tags(variant: str) -> tuple[str, str]:

@@ -1,7 +1,11 @@
 """`hypha-accelerate worker-config`: ready-to-paste `[[executors]]` entries for a worker's TOML.
 
-    hypha-accelerate worker-config --variant V [--mode shim|docker|both] [--user UID:GID]
+    hypha-accelerate worker-config --variant V|auto [--mode shim|docker|both] [--user UID:GID]
                                    [--bundle DIR]
+
+`--variant auto` picks the variant this host runs best (gpu_host.pick_variant: the NVIDIA
+driver's version against each CUDA variant's needs, ROCm's devices, Apple silicon) and says
+why in a comment above the entries.
 
 The shim entry runs `hypha-accelerate run`; the docker entry has the worker run `docker run`
 itself, with the same container the shim would create (spec.ContainerSpec renders both).
@@ -15,6 +19,7 @@ import os
 
 from hypha.accelerate_executor.entry import OneLineArgumentParser, run_main
 from hypha.accelerate_executor.errors import EXIT_OK, ShimError
+from hypha.accelerate_executor.gpu_host import pick_variant, read_host
 from hypha.accelerate_executor.shim.run import USER_PATTERN, pattern_arg
 from hypha.accelerate_executor.shim.spec import (
     LABEL_VARIANT,
@@ -54,7 +59,12 @@ DOCKER_NOTE = """\
 
 def parser() -> argparse.ArgumentParser:
     p = OneLineArgumentParser(prog=PROG, description="Print worker TOML [[executors]] entries.")
-    p.add_argument("--variant", required=True, choices=VARIANTS)
+    p.add_argument(
+        "--variant",
+        required=True,
+        choices=[*VARIANTS, "auto"],
+        help="a variant, or auto: the one this host runs best",
+    )
     p.add_argument("--mode", choices=["shim", "docker", "both"], default="both")
     p.add_argument(
         "--user",
@@ -161,7 +171,11 @@ def main(argv: list[str]) -> int:
     def body() -> int:
         args = parser().parse_args(argv)
         user = args.user or f"{os.getuid()}:{os.getgid()}"
-        print(render(args.variant, args.mode, user, args.bundle), end="")
+        variant, chosen = args.variant, ""
+        if variant == "auto":
+            variant, why = pick_variant(read_host(os.environ))
+            chosen = f"# --variant auto chose {variant}: {why}.\n"
+        print(chosen + render(variant, args.mode, user, args.bundle), end="")
         return EXIT_OK
 
     return run_main(PROG, body)
