@@ -9,7 +9,7 @@
 # is made with debootstrap and the image installs from a local wheelhouse instead.
 #
 # --torch runs the part of the suite that touches torch, Accelerate, Transformers and DeepSpeed
-# (everything but the image, shim, Docker and serde-oracle tests) on the torch a variant
+# (everything but the image, shim, Docker, serde-oracle and benchmark tests) on the torch a variant
 # carries: VERSION (2.8, 2.9.0, ...) picks the variant whose docker/requirements file pins that
 # torch, VARIANT (cu129, ...) names it. Its venv, .venv-torch-<torch>/ (cached), gets the
 # variant's closure with PyPI's build of the same torch version (the variant's own build lives
@@ -89,10 +89,13 @@ if [ "${1:-}" = --torch ]; then
         echo "$stamp" >"$venv/.hypha-stamp"
     fi
     export PATH="$PWD/$venv/bin:$PATH"
+    # DeepSpeed's CPU path JIT-builds an op: one build per torch, kept with its venv.
+    export TORCH_EXTENSIONS_DIR=$PWD/$venv/torch-extensions
     python -c 'from importlib.metadata import version as v
 print("== tests on", ", ".join(f"{p} {v(p)}" for p in ("torch", "transformers", "accelerate", "deepspeed")))'
     if [ $# -eq 0 ]; then
-        set -- tests --ignore=tests/images --ignore=tests/shim -m 'not docker and not oracle and not cuda_image'
+        set -- tests --ignore=tests/images --ignore=tests/shim --ignore=tests/bench \
+            -m 'not docker and not oracle and not cuda_image'
     fi
     exec pytest "$@"
 fi
