@@ -35,7 +35,7 @@ from safetensors.torch import save_file
 
 from bench.errors import BenchError
 from bench.models import Shape, parameter_count
-from hypha.accelerate_executor.bridge import BridgeClient, ScheduleUpdate, expect
+from hypha.accelerate_executor.bridge import BridgeClient, Continue, ScheduleUpdate, expect
 from hypha.accelerate_executor.distributed import ModelWeights, canonical_names
 from hypha.accelerate_executor.job import Job, parse_job
 from hypha.accelerate_executor.local.assets import ensure_assets
@@ -88,11 +88,16 @@ class WorkerSide:
         batch; returns how long that report's round trip through the bridge took."""
         for parameter in self.model.parameters():
             parameter.add_(1e-3)
-        started = time.perf_counter()
-        answer = self.bridge.status({"status": {"batch_size": 1}})
-        round_trip = time.perf_counter() - started
-        expect(answer, ScheduleUpdate, sent="status")
-        return round_trip
+        # The scheduler answers Continue while its projection of the round's end is over 10 s
+        # away (a slow start on a busy machine): report batches until it schedules the update.
+        for _ in range(100):
+            started = time.perf_counter()
+            answer = self.bridge.status({"status": {"batch_size": 1}})
+            round_trip = time.perf_counter() - started
+            expect(answer, Continue, ScheduleUpdate, sent="status")
+            if isinstance(answer, ScheduleUpdate):
+                return round_trip
+        raise BenchError("the scheduler never answered ScheduleUpdate in 100 batches")
 
     def save_file_once(self, path: Path) -> float:
         tensors = self.weights.gather()

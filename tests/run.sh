@@ -89,7 +89,7 @@ if [ "${1:-}" = --torch ]; then
         echo "$stamp" >"$venv/.hypha-stamp"
     fi
     export PATH="$PWD/$venv/bin:$PATH"
-    # DeepSpeed's CPU path JIT-builds an op: one build per torch, kept with its venv.
+    # DeepSpeed's CPU path JIT-builds an op: one build per torch, kept with its venv (below).
     export TORCH_EXTENSIONS_DIR=$PWD/$venv/torch-extensions
     python -c 'from importlib.metadata import version as v
 print("== tests on", ", ".join(f"{p} {v(p)}" for p in ("torch", "transformers", "accelerate", "deepspeed")))'
@@ -112,6 +112,9 @@ if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
 fi
 pip_install -e '.[dev]' torch==2.13.0
 export PATH="$PWD/.venv/bin:$PATH"
+# DeepSpeed's CPU path JIT-builds an op, kept with the venv: a build killed half-way in a shared
+# ~/.cache/torch_extensions leaves a lock that every later build waits on forever.
+export TORCH_EXTENSIONS_DIR=$PWD/.venv/torch-extensions
 
 echo "== lint and types"
 ruff check src tests bench
