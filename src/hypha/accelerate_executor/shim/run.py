@@ -58,6 +58,7 @@ from hypha.accelerate_executor.shim.variants import (
     VARIANTS,
 )
 from hypha.accelerate_executor.supervisor import Interrupts
+from hypha.accelerate_executor.variants import BY_NAME
 
 PROG = "hypha-accelerate run"
 _SIZE = re.compile(r"\d+(\.\d+)?[bkmgBKMG]?")
@@ -220,7 +221,7 @@ def _run_container(
     groups: tuple[str, ...] = ()
     if args.variant in NVIDIA_VARIANTS:
         require_nvidia_runtime(api, args.variant)
-    elif args.variant == "rocm64":
+    elif BY_NAME[args.variant].accelerator == "rocm":
         devices, groups = ROCM_DEVICES, tuple(rocm_device_groups())
         if args.gpus and args.gpus != "all":
             # /dev/dri holds every GPU's render node; ROCm narrows to the listed ones.

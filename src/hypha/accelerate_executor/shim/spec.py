@@ -8,6 +8,8 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from hypha.accelerate_executor.variants import BY_NAME
+
 if TYPE_CHECKING:
     from docker import APIClient
 
@@ -30,7 +32,7 @@ DEFAULT_PIDS_LIMIT = 4096
 def default_shm_size(variant: str) -> str:
     # NCCL and DataLoader workers move tensors through /dev/shm; Docker's 64 MiB is too small
     # for either. tmpfs pages are only used as written, so a generous cap costs nothing idle.
-    return "1g" if variant == "cpu" else "8g"
+    return "8g" if BY_NAME[variant].gpu else "1g"
 
 
 def launcher_args(
