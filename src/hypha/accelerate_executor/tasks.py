@@ -95,7 +95,7 @@ TASKS: dict[str, Task] = {
     ),
     "keypoint-detection": Refused("AutoModelForKeypointDetection", f"SuperPoint {_NO_LOSS}"),
     "keypoint-matching": Refused(
-        "AutoModelForKeypointMatching", f"SuperGlue and LightGlue {_NO_LOSS}"
+        "AutoModelForKeypointMatching", "SuperGlue and LightGlue have no loss to train"
     ),
     "object-detection": Refused(
         "AutoModelForObjectDetection", f"{_LISTS} (a list of boxes and classes per image)"
@@ -140,7 +140,8 @@ TASKS: dict[str, Task] = {
         "FastSpeech2's needs duration, pitch and energy lists; not proven to train here",
     ),
     "text-to-waveform": Refused(
-        "AutoModelForTextToWaveform", f"VITS and Bark {_NO_LOSS}; not proven to train here"
+        "AutoModelForTextToWaveform",
+        "VITS and Bark have no loss to train; not proven to train here",
     ),
     "audio-tokenization": Refused("AutoModelForAudioTokenization", f"a codec {_NO_LOSS}"),
     # Upstream's executor loads this task with AutoModelForQuestionAnswering, and so do we.
