@@ -35,6 +35,7 @@ from hypha.accelerate_executor.bridge import BridgeClient, Continue, Done, Sched
 from hypha.accelerate_executor.job import parse_job
 from hypha.accelerate_executor.modeling import load_model
 from hypha.accelerate_executor.optimization import adamw_arguments, build_lr_schedule
+from hypha.accelerate_executor.training import TRUTHY
 
 STATUS_SENDERS = 8
 
@@ -55,7 +56,9 @@ def main() -> int:
     config = job.config
     bridge = BridgeClient(arguments.socket, arguments.work_dir)
     bridge.fetch(config.model.artifact)
-    model = load_model(config.model.task, arguments.work_dir / "artifacts")
+    # As the executor decides it: the near-free model ships its own code.
+    trusted = os.environ.get("HYPHA_TRUST_REMOTE_CODE", "") in TRUTHY
+    model = load_model(config.model.task, arguments.work_dir / "artifacts", trusted)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), **adamw_arguments(job))
     schedule = build_lr_schedule(optimizer, config.scheduler)
