@@ -179,9 +179,9 @@ def test_the_masked_lm_job_trains_offline(tmp_path: Path, short_tmp: Path) -> No
     """`local demo --job bert-mlm`'s job: a BERT whose tokenizer ships in the artifact, slices
     of input_ids and attention_mask, input-names without labels; BERT's masking makes them."""
     from hypha.accelerate_executor.local.demo import run_demo
-    from hypha.accelerate_executor.local.worker import preset
+    from hypha.accelerate_executor.local.executor_entries import preset
 
-    options = RunOptions.for_job("bert-mlm", workers=1)  # 4 rounds of 30 batches
+    options = RunOptions.for_job("bert-mlm", workers=1)  # 6 rounds of 30 batches
     out = tmp_path / "out"
     run_demo(options, preset("process"), out_dir=out, work_base=short_tmp,
              assets_dir=tmp_path / "assets")  # fmt: skip
