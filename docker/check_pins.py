@@ -18,12 +18,16 @@ import argparse
 import re
 import sys
 import tomllib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+# The variants table and its requirements reader, from the checkout's source (stdlib only).
+sys.path.insert(0, str(HERE.parent / "src"))
+from hypha.accelerate_executor.variants import VARIANTS, requirement_lines  # noqa: E402
+
 PYTHON_TAG = "cp311"  # the images' interpreter: python:3.11-slim-bookworm, Debian 12's 3.11
 TORCH_LINE = re.compile(r"torch\s*(?P<op>===|==)\s*(?P<version>[0-9][0-9.]*)(?:\+(?P<label>\S+))?")
 INDEX_LINE = re.compile(r"^#\s*torch-index:\s*(\S+)\s*$", re.MULTILINE)
@@ -38,16 +42,6 @@ class Pin:
 
     def __str__(self) -> str:
         return f"torch{self.operator}{self.version}" + (f"+{self.label}" if self.label else "")
-
-
-def requirement_lines(path: Path) -> Iterator[str]:
-    """The requirement lines of a pip requirements file, `-r` includes expanded."""
-    for raw in path.read_text().splitlines():
-        line = raw.split("#", 1)[0].strip()
-        if line.startswith(("-r ", "--requirement ")):
-            yield from requirement_lines(path.parent / line.split(None, 1)[1])
-        elif line:
-            yield line
 
 
 def pins(path: Path) -> dict[str, str]:
@@ -166,14 +160,6 @@ def table_problems(variants: Sequence[Any], directory: Path, matrix: dict[str, A
     return problems
 
 
-def table_variants() -> Sequence[Any]:
-    """The variants table, from the checkout's source (it imports nothing beyond stdlib)."""
-    sys.path.insert(0, str(HERE.parent / "src"))
-    from hypha.accelerate_executor.variants import VARIANTS
-
-    return VARIANTS
-
-
 def main(argv: Sequence[str]) -> int:
     p = argparse.ArgumentParser(prog="check_pins.py", description=__doc__.splitlines()[0])
     p.add_argument("--requirements", type=Path, default=HERE / "requirements", metavar="DIR")
@@ -184,7 +170,7 @@ def main(argv: Sequence[str]) -> int:
     files = sorted(args.requirements.glob("*.txt"))
     problems = [line for path in files for line in file_problems(path, matrix)]
     if not args.no_table:
-        problems += table_problems(table_variants(), args.requirements, matrix)
+        problems += table_problems(VARIANTS, args.requirements, matrix)
     for line in problems:
         print(f"check_pins: {line}", file=sys.stderr)
     if problems:

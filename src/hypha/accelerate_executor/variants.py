@@ -10,7 +10,9 @@ and its row agree, and that the torch build exists).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 Accelerator = Literal["cpu", "nvidia", "rocm", "mps"]
@@ -157,3 +159,13 @@ GPU_VARIANTS = tuple(v.name for v in VARIANTS if v.gpu)
 # cu128 is Hypha's own default install, with Blackwell kernels and torch 2.10; cu129 carries
 # only torch 2.8 (the one torch with CUDA 12.9 builds); cu126 has no Blackwell kernels.
 NVIDIA_PREFERENCE = ("cu130", "cu128", "cu129", "cu126")
+
+
+def requirement_lines(path: Path) -> Iterator[str]:
+    """The requirement lines of a pip requirements file, `-r` includes expanded."""
+    for raw in path.read_text().splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if line.startswith(("-r ", "--requirement ")):
+            yield from requirement_lines(path.parent / line.split(None, 1)[1])
+        elif line:
+            yield line

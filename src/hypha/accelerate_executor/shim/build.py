@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, NoReturn
@@ -32,7 +32,7 @@ from hypha.accelerate_executor import __version__
 from hypha.accelerate_executor.entry import OneLineArgumentParser, run_main
 from hypha.accelerate_executor.errors import EXIT_OK, BuildError, DockerError, ShimError
 from hypha.accelerate_executor.shim.variants import CONTAINER_VARIANTS, HOST_VARIANT, image_tags
-from hypha.accelerate_executor.variants import BY_NAME
+from hypha.accelerate_executor.variants import BY_NAME, requirement_lines
 
 if TYPE_CHECKING:
     from docker import APIClient
@@ -82,16 +82,6 @@ def project_root() -> Path:
     raise ShimError(
         "no docker/Dockerfile here: run `hypha-accelerate build` inside a checkout of the project"
     )
-
-
-def requirement_lines(path: Path) -> Iterator[str]:
-    """The requirement lines of a pip requirements file, `-r` includes expanded."""
-    for raw in path.read_text().splitlines():
-        line = raw.split("#", 1)[0].strip()
-        if line.startswith(("-r ", "--requirement ")):
-            yield from requirement_lines(path.parent / line.split(None, 1)[1])
-        elif line:
-            yield line
 
 
 def torch_pin(root: Path, requirements: str) -> str:
