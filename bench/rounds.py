@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from bench.errors import BenchError
-from bench.status_delay import DelayedAnswers
+from bench.status_delay import serve_delayed
 from hypha.accelerate_executor.local.assets import (
     AssetKind,
     AssetSpec,
@@ -51,9 +51,8 @@ from hypha.accelerate_executor.local.assets import (
     ensure_assets,
 )
 from hypha.accelerate_executor.local.coordinator import Catalog, Coordinator, RunOptions
-from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
 from hypha.accelerate_executor.local.demo import supervise
-from hypha.accelerate_executor.local.worker import ExecutorEntry, LocalWorker, serve_one_job
+from hypha.accelerate_executor.local.worker import ExecutorEntry, LocalWorker
 
 DELAYS_MS = (0, 50)
 BASELINE = "bare"
@@ -249,18 +248,12 @@ def one_run(
             for i in range(options.workers)
         ]
         failures: list[BaseException] = []
-
-        def serve(worker: LocalWorker) -> None:
-            try:
-                serve_one_job(
-                    CoordinatorClient(coordinator.url),
-                    worker,
-                    backend=lambda job: DelayedAnswers(coordinator.backend(job), delay_ms / 1e3),
-                )
-            except Exception as exc:
-                failures.append(exc)
-
-        threads = [threading.Thread(target=serve, args=(w,), daemon=True) for w in workers]
+        threads = [
+            threading.Thread(
+                target=serve_delayed, args=(coordinator, w, delay_ms / 1e3, failures), daemon=True
+            )
+            for w in workers
+        ]
         with ChildrenCpu() as cpu:
             for thread in threads:
                 thread.start()

@@ -65,6 +65,21 @@ class DelayedAnswers:
         return getattr(self._backend, name)
 
 
+def serve_delayed(
+    coordinator: Coordinator, worker: LocalWorker, delay_s: float, failures: list[BaseException]
+) -> None:
+    """Serves one job on `worker`, every status answer held back `delay_s`; a failure is
+    appended to `failures` (this runs on a thread of its own)."""
+    try:
+        serve_one_job(
+            CoordinatorClient(coordinator.url),
+            worker,
+            backend=lambda job: DelayedAnswers(coordinator.backend(job), delay_s),
+        )
+    except Exception as exc:
+        failures.append(exc)
+
+
 def one_run(
     shape: Shape, delay_ms: int, options: RunOptions, work_base: Path, timeout_s: float
 ) -> tuple[float, int]:
@@ -77,18 +92,12 @@ def one_run(
             "bench-worker", preset("process"), work_base, env={"OMP_NUM_THREADS": "1"}
         )
         failure: list[BaseException] = []
-
-        def serve() -> None:
-            try:
-                serve_one_job(
-                    CoordinatorClient(coordinator.url),
-                    worker,
-                    backend=lambda job: DelayedAnswers(coordinator.backend(job), delay_ms / 1e3),
-                )
-            except Exception as exc:
-                failure.append(exc)
-
-        thread = threading.Thread(target=serve, name="bench-worker", daemon=True)
+        thread = threading.Thread(
+            target=serve_delayed,
+            args=(coordinator, worker, delay_ms / 1e3, failure),
+            name="bench-worker",
+            daemon=True,
+        )
         thread.start()
         supervise(coordinator, lambda: not thread.is_alive(), timeout_s)
         record = coordinator.summary()["workers"]["bench-worker"]
