@@ -9,7 +9,10 @@ it answers. The sync is `save_file` of theta_local - theta_global, `send`, `upda
 wait on the one receive stream, `load_file` of the update, theta_global += u,
 `load_state_dict`, `update-received`.
 
-    JOB_JSON=... python bench/bare_executor.py --socket S --work-dir W
+    JOB_JSON=... python bench/bare_executor.py --socket S --work-dir W [--eval-mode]
+
+`--eval-mode` leaves the model in the eval mode from_pretrained gives it, as Hypha's own
+executor does: dropout off.
 
 Each round prints one line the benchmark reads, its parts as the executor's round line
 says them: wall time of the round's parts, `cpu` the process's CPU time (all threads)
@@ -51,6 +54,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--socket", type=Path, required=True)
     parser.add_argument("--work-dir", type=Path, required=True)
+    parser.add_argument("--eval-mode", action="store_true")
     arguments = parser.parse_args()
     job = parse_job(os.environ["JOB_JSON"])
     config = job.config
@@ -59,7 +63,7 @@ def main() -> int:
     # As the executor decides it: the near-free model ships its own code.
     trusted = os.environ.get("HYPHA_TRUST_REMOTE_CODE", "") in TRUTHY
     model = load_model(config.model.task, arguments.work_dir / "artifacts", trusted)
-    model.train()
+    model.train(not arguments.eval_mode)
     optimizer = torch.optim.AdamW(model.parameters(), **adamw_arguments(job))
     schedule = build_lr_schedule(optimizer, config.scheduler)
     names = config.model.input_names

@@ -1,13 +1,16 @@
 """Benchmark 6: short DiLoCo rounds, where what an executor costs per round shows.
 
 Two workers share the machine's two cores, each executor on one torch thread, and train
-the demo GPT-2 (its embeddings untied: Hypha's own executor cannot save tied weights) at
-batch 8 for several rounds of about 15 batches each, against the local stand-in; its
+the demo GPT-2 (its embeddings untied: Hypha's own executor cannot save tied weights; no
+dropout, see MODELS) at batch 8 for several rounds of about 15 batches each, against the
+local stand-in; its
 scheduler answers every status at once, then with a 50 ms round trip (a wrapper around the
 bridge's backend, as in the status-delay benchmark). Each executor runs the same job in
 turn, all of them once per repeat and every repeat in the same order, so that the
 machine's drift falls on all alike:
 - `bare`: bench/bare_executor.py, a PyTorch loop and the protocol by hand (the baseline);
+- `bare-eval`: the same loop with its model left in eval mode (dropout off), with the
+  `demo-dropout` model only;
 - `executor`: this project's executor, as a Hypha worker would start it;
 - any other given with `--against NAME=PATH`: a Python interpreter whose environment holds
   another `hypha.accelerate_executor.training` (Hypha's own executor, say), or a source tree
@@ -63,7 +66,8 @@ PART = re.compile(r"(\w+) ([\d.]+) ms")
 # One torch thread each, as two workers sharing two cores should; and the near-free model
 # is remote code, which this project's executor runs only when told it may.
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "HYPHA_TRUST_REMOTE_CODE": "1"}
-MODELS = ("demo", "near-free")
+DROPOUT_MODEL = "demo-dropout"
+BARE_EVAL = "bare-eval"
 BARE_SCRIPT = Path(__file__).resolve().with_name("bare_executor.py")
 
 
@@ -102,9 +106,11 @@ class NearFreeSpec(AssetSpec):
 
 @dataclass(frozen=True)
 class UntiedSpec(AssetSpec):
-    """The demo's assets, but for a GPT-2 whose output layer is its own tensor."""
+    """The demo's assets, but for a GPT-2 whose output layer is its own tensor, with the
+    given dropout (embeddings, attention and residuals alike)."""
 
     tied: bool = False
+    dropout: float = 0.0
 
     def write_model(self, folder: Path) -> None:
         from transformers.utils import logging as hf_logging
@@ -112,9 +118,22 @@ class UntiedSpec(AssetSpec):
         hf_logging.disable_progress_bar()
         model = build_model(self)
         model.config.tie_word_embeddings = self.tied
+        for name in ("embd_pdrop", "attn_pdrop", "resid_pdrop"):
+            setattr(model.config, name, self.dropout)
         untied = type(model)(model.config)
         untied.load_state_dict(model.state_dict())  # the same starting weights, copied apart
         untied.save_pretrained(folder)
+
+
+# Hypha's own executor never puts its model in train mode (from_pretrained gives it in eval
+# mode), so dropout never fires there. The `demo` GPT-2 therefore has none, which makes every
+# executor do the same arithmetic a step; `demo-dropout` keeps GPT-2's default 0.1, and runs
+# `bare-eval` beside the others to show what leaving dropout out is worth.
+MODELS: dict[str, AssetKind] = {
+    "demo": UntiedSpec(),
+    DROPOUT_MODEL: UntiedSpec(dropout=0.1),
+    "near-free": NearFreeSpec(),
+}
 
 
 class ChildrenCpu:
@@ -183,6 +202,17 @@ class RoundsResult:
     # runs[delay][executor]: one per repeat, in the order they ran
     runs: dict[int, dict[str, list[Run]]] = field(default_factory=dict)
 
+    @property
+    def same_work(self) -> bool:
+        """Whether every executor does the same arithmetic a step: not with dropout, which
+        Hypha's own executor leaves off."""
+        return self.model != DROPOUT_MODEL
+
+    @property
+    def others(self) -> list[str]:
+        """The executors given with `--against`."""
+        return [name for name in self.executors if name not in (BASELINE, BARE_EVAL, EXECUTOR)]
+
     def median(self, delay: int, name: str) -> float:
         return statistics.median(run.samples_per_s for run in self.runs[delay][name])
 
@@ -208,14 +238,14 @@ class RoundsResult:
         return data
 
 
-def executor_entries(against: dict[str, Path]) -> dict[str, ExecutorEntry]:
+def executor_entries(against: dict[str, Path], bare_eval: bool = False) -> dict[str, ExecutorEntry]:
     """The executors to run, the baseline first."""
     args = ("--socket", "{SOCKET_PATH}", "--work-dir", "{WORK_DIR}")
     module = ("-m", "hypha.accelerate_executor.training", *args, "--job", "{JOB_JSON}")
-    entries = {
-        BASELINE: ExecutorEntry(sys.executable, (str(BARE_SCRIPT), *args)),
-        EXECUTOR: ExecutorEntry(sys.executable, module),
-    }
+    entries = {BASELINE: ExecutorEntry(sys.executable, (str(BARE_SCRIPT), *args))}
+    if bare_eval:
+        entries[BARE_EVAL] = ExecutorEntry(sys.executable, (str(BARE_SCRIPT), *args, "--eval-mode"))
+    entries[EXECUTOR] = ExecutorEntry(sys.executable, module)
     for name, path in against.items():
         if path.is_dir():
             source = path / "src"
@@ -343,8 +373,8 @@ def run(
     """`options`: workers, rounds (at least 2; the first is left out) and batches per round."""
     if options.rounds < 2:
         raise BenchError("the rounds benchmark needs at least 2 rounds (the first is warm-up)")
-    entries = executor_entries(against or {})
-    spec: AssetKind = NearFreeSpec() if model == "near-free" else UntiedSpec()
+    entries = executor_entries(against or {}, bare_eval=model == DROPOUT_MODEL)
+    spec = MODELS[model]
     result = RoundsResult(
         model, list(entries), delays_ms, options.rounds, options.steps_per_round, options.batch_size
     )

@@ -303,6 +303,19 @@ def run(
                     ),
                     others,
                 ),
+                # With dropout, which Hypha's own executor never turns on (rounds.MODELS).
+                timed(
+                    "short rounds, dropout",
+                    lambda: rounds.run(
+                        scratch / "rounds",
+                        size.short_rounds,
+                        size.rounds_repeats,
+                        against,
+                        delays_ms=(0,),
+                        model=rounds.DROPOUT_MODEL,
+                    ),
+                    others,
+                ),
                 # The same rounds with a step that costs nothing: what is left is the
                 # executors' own work per round (statuses, sync, bookkeeping).
                 timed(
@@ -437,6 +450,13 @@ def _rounds_notes(
                     f"{split}; CPU {cpu:.1f} ms a batch, all its threads"
                 )
     for result in short_rounds:
+        if rounds.BARE_EVAL in result.executors:
+            eval_mode = result.ratio(0, rounds.BARE_EVAL, rounds.BASELINE)
+            notes.append(
+                f"short rounds {result.model}: the bare loop in eval mode (dropout off, as Hypha's "
+                f"own executor trains) runs at {eval_mode:.2f}x the same loop in train mode; "
+                "executors that train in eval mode gain that much over those that do not"
+            )
         if result.model == "near-free":
             per_round = {
                 name: statistics.median(r.cpu_ms_per_round for r in result.runs[0][name])

@@ -12,7 +12,12 @@ answers at once) against a bare loop of the same model (forward, backward, AdamW
 zero_grad, LR schedule on the same batches). The two run in alternation, in blocks, and
 each is summarised by its median block. The difference is the executor's host overhead
 per step; as a share of a 5 ms and a 20 ms GPU step it says what the executor would cost
-a GPU whose host work does not overlap the device's (the worst case).
+a GPU whose host work does not overlap the device's (the worst case). Both loops step the
+AdamW the executor builds (optimization.build_adamw), so that the difference is bookkeeping.
+
+Beside it, that AdamW's own host time: one step over the demo GPT-2's parameters (random
+gradients), fused as the executor builds it, against torch's default (on the CPU, a loop of
+a dozen operations per tensor; on a GPU it would be a dozen multi-tensor kernels).
 """
 
 from __future__ import annotations
@@ -29,8 +34,12 @@ from pathlib import Path
 import torch
 
 from bench.errors import BenchError
+from bench.models import DEMO
 from bench.near_free_code.configuration_near_free import NearFreeConfig
 from bench.near_free_code.modeling_near_free import NearFreeForCausalLM
+from hypha.accelerate_executor.optimization import build_adamw
+
+CPU = torch.device("cpu")
 
 GPU_STEPS_MS = (5.0, 20.0)
 BATCH = 8
@@ -43,6 +52,8 @@ class StepOverheadResult:
     executor_us: float  # CPU per step of the executor's per-step work, same model
     blocks: int
     steps_per_block: int
+    adamw_default_us: float  # CPU of one AdamW step over the demo GPT-2, torch's default
+    adamw_fused_us: float  # the same, as the executor builds it
 
     @property
     def overhead_us(self) -> float:
@@ -67,7 +78,7 @@ def _model() -> NearFreeForCausalLM:
 
 def bare_steps(steps: int) -> Callable[[], None]:
     model = _model()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    optimizer = build_adamw(model.parameters(), {"lr": 1e-3}, CPU)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     slices = _slices(64)
     batches = (
@@ -97,7 +108,10 @@ def executor_steps(steps: int, socket_path: Path, work_dir: Path) -> Callable[[]
     from hypha.accelerate_executor.training import TRAIN_ON, scheduler_decision
 
     accelerator = Accelerator(cpu=True)
-    model, optimizer = accelerator.prepare(_model(), torch.optim.AdamW(_model().parameters()))
+    model = _model()
+    model, optimizer = accelerator.prepare(
+        model, build_adamw(model.parameters(), {"lr": 1e-3}, accelerator.device)
+    )
     model.train()
     # As the Trainer builds it: on the torch optimizer, which the step drives directly.
     schedule = torch.optim.lr_scheduler.LambdaLR(plain_optimizer(optimizer), lambda _: 1.0)
@@ -126,6 +140,39 @@ def executor_steps(steps: int, socket_path: Path, work_dir: Path) -> Callable[[]
     return run
 
 
+def adamw_steps(fused: bool, steps: int) -> Callable[[], None]:
+    """`steps` AdamW steps over the demo GPT-2's parameters, with gradients in place."""
+    parameters = list(DEMO.build().parameters())
+    for parameter in parameters:
+        parameter.grad = torch.randn_like(parameter)
+    optimizer = (
+        build_adamw(parameters, {"lr": 1e-3}, CPU)
+        if fused
+        else torch.optim.AdamW(parameters, lr=1e-3)
+    )
+
+    def run() -> None:
+        for _ in range(steps):
+            optimizer.step()
+
+    return run
+
+
+def _alternating(
+    actions: dict[str, Callable[[], None]], blocks: int, steps_per_block: int
+) -> dict[str, float]:
+    """Each action's median CPU seconds a step over `blocks` blocks, the actions taking turns
+    (after a block of warm-up each)."""
+    cpu: dict[str, list[float]] = {name: [] for name in actions}
+    for block in range(blocks + 1):
+        for name, action in actions.items():
+            started = time.process_time()
+            action()
+            if block:
+                cpu[name].append((time.process_time() - started) / steps_per_block)
+    return {name: statistics.median(seconds) for name, seconds in cpu.items()}
+
+
 def run(blocks: int = 15, steps_per_block: int = 100) -> StepOverheadResult:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="hypha-step-") as scratch:
@@ -141,23 +188,31 @@ def run(blocks: int = 15, steps_per_block: int = 100) -> StepOverheadResult:
                 raise BenchError("the step-overhead benchmark's bridge did not start")
             time.sleep(0.05)
         try:
-            actions = {
-                "bare": bare_steps(steps_per_block),
-                "executor": executor_steps(steps_per_block, socket_path, Path(scratch)),
-            }
-            cpu: dict[str, list[float]] = {name: [] for name in actions}
-            for block in range(blocks + 1):  # the first is warm-up
-                for name, action in actions.items():
-                    started = time.process_time()
-                    action()
-                    if block:
-                        cpu[name].append((time.process_time() - started) / steps_per_block)
+            steps = _alternating(
+                {
+                    "bare": bare_steps(steps_per_block),
+                    "executor": executor_steps(steps_per_block, socket_path, Path(scratch)),
+                },
+                blocks,
+                steps_per_block,
+            )
         finally:
             server.terminate()
             server.wait()
+    adamw_steps_per_block = max(1, steps_per_block // 10)  # each a millisecond or two
+    adamw = _alternating(
+        {
+            "default": adamw_steps(False, adamw_steps_per_block),
+            "fused": adamw_steps(True, adamw_steps_per_block),
+        },
+        blocks,
+        adamw_steps_per_block,
+    )
     return StepOverheadResult(
-        1e6 * statistics.median(cpu["bare"]),
-        1e6 * statistics.median(cpu["executor"]),
+        1e6 * steps["bare"],
+        1e6 * steps["executor"],
         blocks,
         steps_per_block,
+        1e6 * adamw["default"],
+        1e6 * adamw["fused"],
     )

@@ -50,7 +50,7 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path: Path) -> None:
     assert results["size"] == "smoke"
     assert (tmp_path / "performance.png").read_bytes().startswith(b"\x89PNG")
     others = results["cpu_share_of_other_processes"]
-    assert len(others) == 8 and all(share >= 0 for share in others.values())
+    assert len(others) == 9 and all(share >= 0 for share in others.values())
 
     [inner] = results["inner_loop"]
     assert len(inner["executor_rounds"]) == 1 and inner["executor_samples_per_s"] > 0
@@ -73,8 +73,10 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path: Path) -> None:
     assert [run["delay_ms"] for run in delays] == [0, 20, 100]
     assert all(run["median_samples_per_s"] > 0 and run["overshoot"][0] >= 0 for run in delays)
 
-    short, near_free = results["short_rounds"]
+    short, dropout, near_free = results["short_rounds"]
     assert near_free["model"] == "near-free" and near_free["runs"]["0"]["executor"]
+    assert dropout["executors"] == ["bare", "bare-eval", "executor"]
+    assert all(dropout["runs"]["0"][name] for name in dropout["executors"])
     assert short["executors"] == ["bare", "executor"] and short["delays_ms"] == [0]
     for name in ("bare", "executor"):
         [run] = short["runs"]["0"][name]
@@ -84,6 +86,7 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path: Path) -> None:
         assert {"step", "data", "statuses", "cpu"} <= set(run["timing"])
     [overhead] = results["step_overhead"]
     assert overhead["bare_us"] > 0 and overhead["executor_us"] > 0
+    assert overhead["adamw_default_us"] > 0 and overhead["adamw_fused_us"] > 0
 
 
 @pytest.mark.slow

@@ -122,7 +122,11 @@ class Trainer:
         )
         from hypha.accelerate_executor.inputs import ModelInputs, slice_names
         from hypha.accelerate_executor.modeling import load_model, load_preprocessor
-        from hypha.accelerate_executor.optimization import adamw_arguments, build_lr_schedule
+        from hypha.accelerate_executor.optimization import (
+            adamw_arguments,
+            build_adamw,
+            build_lr_schedule,
+        )
         from hypha.accelerate_executor.progress import StatusReporter
         from hypha.accelerate_executor.steps import MicroBatchedStep
         from hypha.accelerate_executor.sync import Synchroniser
@@ -144,7 +148,7 @@ class Trainer:
         names = canonical_names(model)
         # Under ZeRO-3's init the parameters are already partitioned: numel() would be 0.
         self.parameter_count = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
-        optimizer = torch.optim.AdamW(model.parameters(), **adamw_arguments(job))
+        optimizer = build_adamw(model.parameters(), adamw_arguments(job), self.accelerator.device)
         self.lr_schedule = build_lr_schedule(optimizer, config.scheduler)
 
         processor = None
