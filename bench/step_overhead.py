@@ -6,9 +6,9 @@ decision, the status hand-off) becomes a visible share. Measured here with the n
 model (bench/near_free_code: four weights, a step of well under a millisecond), in this
 process, on one torch thread: the CPU time per step of the executor's own per-step work
 (MicroBatchedStep on an accelerate-prepared model and optimizer, the LR schedule, the
-batch cut by worker_batches and built by ModelInputs, the scheduler decision over the
-answers that came, the status handed to StatusReporter's senders against a bridge that
-answers at once) against a bare loop of the same model (forward, backward, AdamW,
+batch cut by worker_batches and moved to the device, the scheduler decision over the
+answers that came, the status written by StatusReporter to a bridge that answers at once,
+in another process, and its answer read) against a bare loop of the same model (forward, backward, AdamW,
 zero_grad, LR schedule on the same batches). The two run in alternation, in blocks, and
 each is summarised by its median block. The difference is the executor's host overhead
 per step; as a share of a 5 ms and a 20 ms GPU step it says what the executor would cost

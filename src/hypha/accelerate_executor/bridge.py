@@ -14,13 +14,14 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hypha.accelerate_executor.errors import BridgeError, BridgeGoneError, SchedulerError
+from hypha.accelerate_executor.http_wire import connect_unix
 from hypha.accelerate_executor.job import PeersReference, Reference
 from hypha.accelerate_executor.paths import resolve_in_work_dir
 
@@ -32,6 +33,7 @@ FETCH_TIMEOUT_S = 3600.0
 # A connection idle for longer is not reused (see BridgeClient._acquire); well under any
 # server's idle timeout, well over a training step.
 REUSE_IDLE_S = 2.0
+STATUS_ROUTE = "/status/send"
 
 _CONNECTION_LOST = (ConnectionError, FileNotFoundError, http.client.RemoteDisconnected)
 
@@ -75,7 +77,7 @@ _ANSWERS: dict[str, SchedulerAnswer] = {
 def parse_answer(value: Any) -> SchedulerAnswer:
     """The scheduler's answer (`{"type": ...}`, protocol.md section 5) as a typed value."""
     if not isinstance(value, dict):
-        raise BridgeError("/status/send", 200, "bad_answer", f"not a scheduler answer: {value!r}")
+        raise BridgeError(STATUS_ROUTE, 200, "bad_answer", f"not a scheduler answer: {value!r}")
     kind = value.get("type")
     if kind == "ScheduleUpdate":
         counter = value.get("counter")
@@ -116,28 +118,7 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
         self._socket_path = socket_path
 
     def connect(self) -> None:
-        # A Unix socket whose listen backlog is full refuses at once with EAGAIN rather than
-        # queueing the caller, as TCP would: several statuses connecting at the same moment
-        # can meet that, so try again for a while.
-        deadline = time.monotonic() + (self.timeout or REQUEST_TIMEOUT_S)
-        pause = 0.001
-        while True:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.settimeout(self.timeout)
-            try:
-                sock.connect(str(self._socket_path))
-            except BlockingIOError:
-                sock.close()
-                if time.monotonic() + pause > deadline:
-                    raise TimeoutError("the bridge's connection backlog stayed full") from None
-                time.sleep(pause)
-                pause = min(2 * pause, 0.05)
-                continue
-            except OSError:
-                sock.close()
-                raise
-            self.sock = sock
-            return
+        self.sock = connect_unix(self._socket_path, self.timeout or REQUEST_TIMEOUT_S)
 
 
 def idle_connection_is_spent(sock: socket.socket) -> bool:
@@ -146,6 +127,43 @@ def idle_connection_is_spent(sock: socket.socket) -> bool:
     poller = select.poll()
     poller.register(sock, select.POLLIN)
     return bool(poller.poll(0))
+
+
+def json_body(payload: Any) -> bytes:
+    # allow_nan=False: the bridge refuses NaN/Infinity, better to fail here, clearly.
+    return json.dumps(payload, allow_nan=False).encode()
+
+
+@contextmanager
+def reaching(
+    socket_path: Path, during: str, timeout: float, streaming: bool = False
+) -> Iterator[None]:
+    """Turns every way of losing the bridge during a request (or the update stream) into
+    one BridgeGoneError."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise BridgeGoneError(f"the bridge socket {socket_path} does not exist") from None
+    except ConnectionRefusedError:
+        raise BridgeGoneError(f"the bridge at {socket_path} refused the connection") from None
+    except TimeoutError:
+        silence = (
+            f"sent nothing on {during} for" if streaming else f"did not answer {during} within"
+        )
+        raise BridgeGoneError(f"the bridge {silence} {timeout:.0f} s") from None
+    except _CONNECTION_LOST as exc:
+        raise BridgeGoneError(f"lost the bridge during {during}: {exc}") from None
+
+
+def raise_for(route: str, status: int, data: bytes) -> None:
+    """BridgeError for an answer that is not a 200, with the bridge's own words."""
+    text = data.decode("utf-8", "replace").strip()
+    try:
+        answer = json.loads(text)
+        error, detail = str(answer["error"]), str(answer.get("detail", ""))
+    except (ValueError, KeyError, TypeError):
+        error, detail = "http_error", text  # 413/415/422 answers are plain text
+    raise BridgeError(route, status, error, " ".join(detail.split()))
 
 
 def _wire(reference: Reference) -> dict[str, Any]:
@@ -172,10 +190,10 @@ class BridgeClient:
         body = {"resource": _wire(reference), "path": relative_path}
         self._post_json("/resources/send", body, REQUEST_TIMEOUT_S)
 
-    def status(self, progress: Any, on_sent: Callable[[], None] | None = None) -> SchedulerAnswer:
-        """Sends a Progress message; returns the scheduler's answer. `on_sent` is called once
-        the request has gone out, before the answer is awaited."""
-        return parse_answer(self._post_json("/status/send", progress, REQUEST_TIMEOUT_S, on_sent))
+    def status(self, progress: Any) -> SchedulerAnswer:
+        """Sends a Progress message; returns the scheduler's answer. (The statuses of the
+        batches go out through progress.StatusReporter, which does not wait for answers.)"""
+        return parse_answer(self._post_json(STATUS_ROUTE, progress, REQUEST_TIMEOUT_S))
 
     def receive(
         self, reference: PeersReference, relative_dir: str = "incoming"
@@ -189,10 +207,10 @@ class BridgeClient:
         body = json.dumps({"resource": _wire(reference), "path": relative_dir}).encode()
         connection = _UnixHTTPConnection(self.socket_path, STREAM_SILENCE_LIMIT_S)
         try:
-            with self._reaching(route, STREAM_SILENCE_LIMIT_S):
+            with reaching(self.socket_path, route, STREAM_SILENCE_LIMIT_S):
                 response = self._exchange(connection, route, body)
                 if response.status != 200:
-                    self._raise_for(route, response.status, response.read())
+                    raise_for(route, response.status, response.read())
         except BaseException:
             connection.close()
             raise
@@ -202,7 +220,9 @@ class BridgeClient:
         self, connection: _UnixHTTPConnection, response: http.client.HTTPResponse
     ) -> Iterator[ReceivedFile]:
         try:
-            with self._reaching("the update stream", STREAM_SILENCE_LIMIT_S, streaming=True):
+            with reaching(
+                self.socket_path, "the update stream", STREAM_SILENCE_LIMIT_S, streaming=True
+            ):
                 data_lines: list[str] = []
                 while True:
                     raw = response.readline()
@@ -231,20 +251,15 @@ class BridgeClient:
             raise BridgeError("bridge", 200, "bad_answer", f"not a file entry: {entry!r}")
         return resolve_in_work_dir(self.work_dir, entry["path"]), int(entry.get("size", 0))
 
-    def _post_json(
-        self, route: str, payload: Any, timeout: float, on_sent: Callable[[], None] | None = None
-    ) -> Any:
-        # allow_nan=False: the bridge refuses NaN/Infinity, better to fail here, clearly.
-        body = json.dumps(payload, allow_nan=False).encode()
-        with self._reaching(route, timeout):
-            status, data = self._round_trip(route, body, timeout, on_sent)
+    def _post_json(self, route: str, payload: Any, timeout: float) -> Any:
+        body = json_body(payload)
+        with reaching(self.socket_path, route, timeout):
+            status, data = self._round_trip(route, body, timeout)
         if status != 200:
-            self._raise_for(route, status, data)
+            raise_for(route, status, data)
         return json.loads(data) if data.strip() else None
 
-    def _round_trip(
-        self, route: str, body: bytes, timeout: float, on_sent: Callable[[], None] | None = None
-    ) -> tuple[int, bytes]:
+    def _round_trip(self, route: str, body: bytes, timeout: float) -> tuple[int, bytes]:
         """One request on a kept-alive connection: a `status` goes out after every batch,
         and a new connection each time costs the bridge more than answering it. Hand-written
         on http.client: the executor image has no urllib3 (nor requests, nor httpx)."""
@@ -263,8 +278,6 @@ class BridgeClient:
                 connection.close()
                 connection = _UnixHTTPConnection(self.socket_path, timeout)
                 connection.request("POST", route, body=body, headers=headers)
-            if on_sent is not None:
-                on_sent()
             response = connection.getresponse()
             data = response.read()
         except BaseException:
@@ -303,33 +316,3 @@ class BridgeClient:
     ) -> http.client.HTTPResponse:
         connection.request("POST", route, body=body, headers={"Content-Type": "application/json"})
         return connection.getresponse()
-
-    @contextmanager
-    def _reaching(self, during: str, timeout: float, streaming: bool = False) -> Iterator[None]:
-        """Turns every way of losing the bridge during a request (or the update stream) into
-        one BridgeGoneError."""
-        try:
-            yield
-        except FileNotFoundError:
-            raise BridgeGoneError(f"the bridge socket {self.socket_path} does not exist") from None
-        except ConnectionRefusedError:
-            raise BridgeGoneError(
-                f"the bridge at {self.socket_path} refused the connection"
-            ) from None
-        except TimeoutError:
-            silence = (
-                f"sent nothing on {during} for" if streaming else f"did not answer {during} within"
-            )
-            raise BridgeGoneError(f"the bridge {silence} {timeout:.0f} s") from None
-        except _CONNECTION_LOST as exc:
-            raise BridgeGoneError(f"lost the bridge during {during}: {exc}") from None
-
-    @staticmethod
-    def _raise_for(route: str, status: int, data: bytes) -> None:
-        text = data.decode("utf-8", "replace").strip()
-        try:
-            answer = json.loads(text)
-            error, detail = str(answer["error"]), str(answer.get("detail", ""))
-        except (ValueError, KeyError, TypeError):
-            error, detail = "http_error", text  # 413/415/422 answers are plain text
-        raise BridgeError(route, status, error, " ".join(detail.split()))

@@ -3,25 +3,44 @@
 StatusReporter sends one `status` per trained batch, carrying that batch's samples, as soon
 as the batch is done. The real scheduler takes the time between two statuses as the time of
 one batch, and a Hypha worker forwards each status over the network (20-100 ms for an
-answer): so statuses go out concurrently, on a few kept-alive connections, never queued
-behind each other's answers, and the step loop picks up whichever answers have arrived
-without waiting. UpdateInbox holds the job's one receive stream open from start to end
-and queues the files the parameter server pushes.
+answer): so each status in flight has a connection of its own (a kept-alive one whose last
+answer has been read, or a new one), and none is queued behind another's answer. All of it
+runs on the training thread, without waiting: a request is written whole at once (a Unix
+socket takes a hundred bytes without blocking), and the step loop reads whichever answers
+have arrived. No sender threads, so nothing competes with the step for the interpreter;
+bench/step_overhead.py measures what a status costs a step. UpdateInbox holds the job's one
+receive stream open from start to end and queues the files the parameter server pushes.
 """
 
 from __future__ import annotations
 
+import json
 import queue
+import select
+import socket
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+import time
 from dataclasses import dataclass
 
-from hypha.accelerate_executor.bridge import BridgeClient, ReceivedFile, SchedulerAnswer
-from hypha.accelerate_executor.errors import BridgeGoneError, ExecutorError
+from hypha.accelerate_executor.bridge import (
+    REQUEST_TIMEOUT_S,
+    REUSE_IDLE_S,
+    STATUS_ROUTE,
+    BridgeClient,
+    ReceivedFile,
+    SchedulerAnswer,
+    idle_connection_is_spent,
+    json_body,
+    parse_answer,
+    raise_for,
+    reaching,
+)
+from hypha.accelerate_executor.errors import BridgeError, BridgeGoneError, ExecutorError
+from hypha.accelerate_executor.http_wire import ResponseReader, connect_unix, post_request
 from hypha.accelerate_executor.job import PeersReference
 
-# Statuses in flight at once: enough for a 100 ms answer behind steps of 15 ms.
-STATUS_SENDERS = 8
+# A bridge this far behind is not answering: the next status waits for the oldest answer.
+MAX_IN_FLIGHT = 64
 
 
 @dataclass(frozen=True)
@@ -33,82 +52,118 @@ class StatusAnswer:
     seen: int
 
 
+@dataclass
+class _InFlight:
+    sock: socket.socket
+    batch: int
+    deadline: float  # time.monotonic() by which its answer must have come
+    reader: ResponseReader
+
+
 class StatusReporter:
     def __init__(self, bridge: BridgeClient) -> None:
-        self._bridge = bridge
-        self._senders = ThreadPoolExecutor(STATUS_SENDERS, thread_name_prefix="hypha-status")
-        self._lock = threading.Lock()
-        self._in_flight: set[Future[None]] = set()
+        self._socket_path = bridge.socket_path
+        self._idle: list[tuple[socket.socket, float]] = []  # with when it went idle
+        self._in_flight: dict[int, _InFlight] = {}  # by file descriptor, in the order sent
+        self._poller = select.poll()
         self._answers: list[StatusAnswer] = []
-        self._failure: ExecutorError | None = None
         self._seen = 0
-        self._turn = threading.Condition()
-        self._next_to_send = 1  # the batch whose request goes out next
+        self._requests: dict[int, bytes] = {}  # by samples
 
     def batch_done(self, batch: int, samples: int) -> None:
-        """Sends the status of batch number `batch` (1, 2, 3, ... over the job) in the
-        background."""
-        future = self._senders.submit(self._send, batch, samples)
-        with self._lock:
-            self._in_flight.add(future)
-        future.add_done_callback(self._forget)
+        """Sends the status of batch number `batch` (1, 2, 3, ... over the job); does not
+        wait for its answer. Statuses go out in the order of the calls."""
+        if len(self._in_flight) >= MAX_IN_FLIGHT:
+            self._read(wait=True, while_at_least=MAX_IN_FLIGHT)
+        request = self._requests.get(samples)
+        if request is None:  # made once: every batch reports the job's batch size
+            request = post_request(STATUS_ROUTE, json_body({"status": {"batch_size": samples}}))
+            self._requests[samples] = request
+        with reaching(self._socket_path, STATUS_ROUTE, REQUEST_TIMEOUT_S):
+            sock, reused = self._connection()
+            try:
+                sock.sendall(request)
+            except ConnectionError:
+                sock.close()
+                if not reused:
+                    raise
+                # The bridge closed the idle connection just before the request went out (a
+                # Unix socket refuses the write at once), so it never read it: sent again,
+                # once, on a new connection.
+                sock = connect_unix(self._socket_path, REQUEST_TIMEOUT_S)
+                sock.sendall(request)
+        deadline = time.monotonic() + REQUEST_TIMEOUT_S
+        self._in_flight[sock.fileno()] = _InFlight(sock, batch, deadline, ResponseReader())
+        self._poller.register(sock, select.POLLIN)
 
     def answers(self) -> list[StatusAnswer]:
         """The answers that arrived since the last call, without waiting."""
-        with self._lock:
-            return self._take_answers()
+        self._read(wait=False)
+        return self._take_answers()
 
     def flush(self) -> list[StatusAnswer]:
         """Waits until every status sent is answered; returns the answers."""
-        with self._lock:
-            in_flight = list(self._in_flight)
-        wait(in_flight)
-        with self._lock:
-            return self._take_answers()
+        self._read(wait=True)
+        return self._take_answers()
 
     def close(self) -> None:
-        self._senders.shutdown(wait=False, cancel_futures=True)
+        for flight in self._in_flight.values():
+            flight.sock.close()
+        for sock, _ in self._idle:
+            sock.close()
+        self._in_flight.clear()
+        self._idle.clear()
 
-    def _send(self, batch: int, samples: int) -> None:
-        """Runs on a sender thread. Requests go out in batch order, each once the previous
-        one is written, so the scheduler counts them as they were trained; the answers
-        come back in any order."""
-        with self._turn:
-            self._turn.wait_for(lambda: self._next_to_send == batch)
-        sent = False
+    def _connection(self) -> tuple[socket.socket, bool]:
+        """A recently used connection the bridge has not closed, or a new one; and which it
+        is (see BridgeClient._acquire for why only recent ones)."""
+        while self._idle:
+            sock, idle_since = self._idle.pop()
+            if time.monotonic() - idle_since < REUSE_IDLE_S and not idle_connection_is_spent(sock):
+                return sock, True
+            sock.close()
+        return connect_unix(self._socket_path, REQUEST_TIMEOUT_S), False
 
-        def pass_turn() -> None:
-            nonlocal sent
-            if not sent:
-                sent = True
-                with self._turn:
-                    self._next_to_send += 1
-                    self._turn.notify_all()
+    def _read(self, wait: bool, while_at_least: int = 1) -> None:
+        """Reads the answers that have arrived; with `wait`, goes on waiting for answers as
+        long as `while_at_least` statuses or more are in flight. TimeoutError once the
+        oldest status in flight has waited REQUEST_TIMEOUT_S."""
+        with reaching(self._socket_path, STATUS_ROUTE, REQUEST_TIMEOUT_S):
+            while self._in_flight:
+                oldest = next(iter(self._in_flight.values())).deadline
+                wait_ms = max(0.0, oldest - time.monotonic()) * 1e3 if wait else 0.0
+                for fd, _ in self._poller.poll(wait_ms):
+                    self._take_readable(self._in_flight[fd])
+                if self._in_flight and next(iter(self._in_flight.values())).deadline <= (
+                    time.monotonic()
+                ):
+                    raise TimeoutError
+                if not wait or len(self._in_flight) < while_at_least:
+                    return
 
+    def _take_readable(self, flight: _InFlight) -> None:
         try:
-            answer = self._bridge.status({"status": {"batch_size": samples}}, on_sent=pass_turn)
-        except Exception as exc:  # on a thread: whatever it is, the step loop must learn of it
-            failure = (
-                exc
-                if isinstance(exc, ExecutorError)
-                else BridgeGoneError(f"sending a status failed: {type(exc).__name__}: {exc}")
-            )
-            with self._lock:
-                self._failure = self._failure or failure
+            response = flight.reader.feed(flight.sock.recv(65536))
+        except ValueError as exc:  # not HTTP: whatever is on the socket, it is not the bridge
+            raise BridgeError(STATUS_ROUTE, 0, "bad_http", str(exc)) from None
+        if response is None:
             return
-        finally:
-            pass_turn()
-        with self._lock:
-            self._seen = max(self._seen, batch)
-            self._answers.append(StatusAnswer(answer, batch, self._seen))
-
-    def _forget(self, future: Future[None]) -> None:
-        with self._lock:
-            self._in_flight.discard(future)
+        self._poller.unregister(flight.sock)
+        del self._in_flight[flight.sock.fileno()]
+        if response.keep_alive:
+            self._idle.append((flight.sock, time.monotonic()))
+        else:
+            flight.sock.close()
+        if response.status != 200:
+            raise_for(STATUS_ROUTE, response.status, response.body)
+        try:
+            answer = parse_answer(json.loads(response.body))
+        except ValueError:
+            raise BridgeError(STATUS_ROUTE, 200, "bad_answer", "not JSON") from None
+        self._seen = max(self._seen, flight.batch)
+        self._answers.append(StatusAnswer(answer, flight.batch, self._seen))
 
     def _take_answers(self) -> list[StatusAnswer]:
-        if self._failure is not None:
-            raise self._failure
         answers, self._answers = self._answers, []
         return answers  # in the order they came
 

@@ -66,6 +66,20 @@ def plain_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     return optimizer
 
 
+def plain_backward(accelerator: Accelerator) -> Callable[[torch.Tensor], None]:
+    """`Tensor.backward` itself where accelerate's `backward` would only divide the loss by a
+    gradient accumulation of 1 first: a kernel, and its gradient's, every micro-batch, for
+    nothing (MicroBatchedStep accumulates on its own). DeepSpeed, Megatron and a gradient
+    scaler keep accelerate's."""
+    if (
+        accelerator.distributed_type not in (DistributedType.DEEPSPEED, DistributedType.MEGATRON_LM)
+        and accelerator.scaler is None
+        and accelerator.gradient_accumulation_steps == 1
+    ):
+        return torch.Tensor.backward
+    return accelerator.backward
+
+
 class MicroBatchedStep:
     def __init__(
         self,
@@ -81,6 +95,7 @@ class MicroBatchedStep:
         self.accelerator = accelerator
         self.model = model
         self.optimizer = plain_optimizer(optimizer)
+        self.backward = plain_backward(accelerator)
         self.ranks = ranks
         self.batch_size = batch_size
         self.input_names = list(input_names)
@@ -158,5 +173,5 @@ class MicroBatchedStep:
             with self.accelerator.autocast():
                 loss = loss_of(self.model(**micro), self.input_names)
             scale = weight * self.ranks.count  # 1 for a whole batch in one process: no op
-            self.accelerator.backward(loss if scale == 1 else loss * scale)
+            self.backward(loss if scale == 1 else loss * scale)
         return loss.detach() if weight == 1 else loss.detach() * weight
