@@ -14,6 +14,7 @@ from accelerate import Accelerator
 
 from hypha.accelerate_executor.distributed import Ranks
 from hypha.accelerate_executor.errors import NoLossError, OutOfMemory
+from hypha.accelerate_executor.optimization import build_adamw
 from hypha.accelerate_executor.steps import MicroBatchedStep, loss_of
 from hypha.accelerate_executor.training import micro_batch_size
 
@@ -144,14 +145,24 @@ def test_the_micro_batch_size_setting_is_a_number_or_auto() -> None:
 HOST_READS = ("item", "cpu", "tolist", "numpy", "__bool__", "__float__", "__int__")
 
 
-def test_a_step_reads_nothing_back_from_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+def executors_adamw(parameters: Any) -> torch.optim.Optimizer:
+    return build_adamw(parameters, {"lr": 1e-2}, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("optimizer", [adamw, executors_adamw], ids=["default", "fused"])
+def test_a_step_reads_nothing_back_from_the_device(
+    monkeypatch: pytest.MonkeyPatch, optimizer: Callable[[Any], torch.optim.Optimizer]
+) -> None:
     # The step's loss stays on the device (the round reads it once); any read per step would
     # stall a GPU's queue every step.
-    step = stepper(LeNetish(), adamw)
+    step = stepper(LeNetish(), optimizer)
     step(batch())  # the first step sets up the optimizer's state
-    # Adam's step counters are host tensors on every device (torch keeps them on the CPU
-    # unless `capturable`): reading them costs the GPU nothing.
-    counters = {id(state["step"]) for state in step.optimizer.state.values()}
+    fused = bool(step.optimizer.defaults["fused"])
+    assert fused == (optimizer is executors_adamw)
+    # Unfused, Adam's step counters are host tensors on every device (torch keeps them on the
+    # CPU unless `capturable`): reading them costs a GPU nothing. Fused, they live with the
+    # parameters, and no read of them is allowed either.
+    counters = set() if fused else {id(state["step"]) for state in step.optimizer.state.values()}
     reads: list[str] = []
     for name in HOST_READS:
         original = getattr(torch.Tensor, name)

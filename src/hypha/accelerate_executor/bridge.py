@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from hypha.accelerate_executor.errors import BridgeError, BridgeGoneError, SchedulerError
 from hypha.accelerate_executor.http_wire import connect_unix
@@ -155,7 +155,7 @@ def reaching(
         raise BridgeGoneError(f"lost the bridge during {during}: {exc}") from None
 
 
-def raise_for(route: str, status: int, data: bytes) -> None:
+def raise_for(route: str, status: int, data: bytes) -> NoReturn:
     """BridgeError for an answer that is not a 200, with the bridge's own words."""
     text = data.decode("utf-8", "replace").strip()
     try:

@@ -78,9 +78,8 @@ class ResponseReader:
             if not data:
                 raise ConnectionError("the bridge closed the connection in mid-answer")
             return None
-        return Response(
-            self._status, body, self._keep_alive and (self._length is not None or self._chunked)
-        )
+        framed = self._length is not None or self._chunked  # else the end was the frame
+        return Response(self._status, body, self._keep_alive and framed)
 
     def _read_head(self) -> bool:
         end = self._buffer.find(b"\r\n\r\n")

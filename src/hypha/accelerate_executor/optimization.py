@@ -26,15 +26,24 @@ def adamw_arguments(job: Job) -> dict[str, Any]:
 
 
 def build_adamw(
-    parameters: Iterable[torch.Tensor], arguments: dict[str, Any], device: torch.device
+    parameters: Iterable[torch.Tensor],
+    arguments: dict[str, Any],
+    device: torch.device,
+    sharded: bool = False,
 ) -> torch.optim.AdamW:
     """AdamW with `arguments` for parameters that will train on `device`, on torch's fused
     kernel where it has one. The update is the same; the fused kernel does it for every tensor
     at once, where torch's default runs a dozen operations per tensor on the CPU and a dozen
     multi-tensor kernels on a GPU: host time a small model's step pays on every step
-    (bench/step_overhead.py measures it)."""
+    (bench/step_overhead.py measures it). Not when `sharded` (FSDP, DeepSpeed): they put
+    parameters of their own under the optimizer, and no GPU has run the fused kernel on those
+    here."""
     parameters = list(parameters)
-    fused = device.type in FUSED_ADAMW_DEVICES and all(p.is_floating_point() for p in parameters)
+    fused = (
+        not sharded
+        and device.type in FUSED_ADAMW_DEVICES
+        and all(p.is_floating_point() for p in parameters)
+    )
     # None, not False: False would also turn off the multi-tensor path torch picks on GPUs.
     return torch.optim.AdamW(parameters, **arguments, fused=True if fused else None)
 

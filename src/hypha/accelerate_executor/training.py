@@ -148,7 +148,10 @@ class Trainer:
         names = canonical_names(model)
         # Under ZeRO-3's init the parameters are already partitioned: numel() would be 0.
         self.parameter_count = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
-        optimizer = build_adamw(model.parameters(), adamw_arguments(job), self.accelerator.device)
+        sharded = self.accelerator.distributed_type.value in ("FSDP", "DEEPSPEED")
+        optimizer = build_adamw(
+            model.parameters(), adamw_arguments(job), self.accelerator.device, sharded
+        )
         self.lr_schedule = build_lr_schedule(optimizer, config.scheduler)
 
         processor = None
