@@ -3,9 +3,8 @@
 Two workers share the machine's two cores, each executor on one torch thread, and train
 the demo GPT-2 (its embeddings untied: Hypha's own executor cannot save tied weights; no
 dropout, see MODELS) at batch 8 for several rounds of about 15 batches each, against the
-local stand-in; its
-scheduler answers every status at once, then with a 50 ms round trip (a wrapper around the
-bridge's backend, as in the status-delay benchmark). Each executor runs the same job in
+local stand-in; its scheduler answers every status at once, then with a 50 ms round trip
+(a wrapper around the bridge's backend, as in the status-delay benchmark). Each executor runs the same job in
 turn, all of them once per repeat and every repeat in the same order, so that the
 machine's drift falls on all alike:
 - `bare`: bench/bare_executor.py, a PyTorch loop and the protocol by hand (the baseline);
