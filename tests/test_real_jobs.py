@@ -180,14 +180,16 @@ def test_the_masked_lm_job_trains_offline(tmp_path: Path, short_tmp: Path) -> No
     of input_ids and attention_mask, input-names without labels; BERT's masking makes them."""
     from hypha.accelerate_executor.local.demo import run_demo
     from hypha.accelerate_executor.local.executor_entries import preset
+    from hypha.accelerate_executor.local.report import LOSS_RATIO
 
-    options = RunOptions.for_job("bert-mlm", workers=1)  # 6 rounds of 30 batches
+    # Two workers, as the demo runs it (6 rounds of 30 batches): one worker alone sometimes
+    # stalls on a plateau near 3.8 (2 of 12 runs on torch 2.8, x0.90-0.91 after 6 rounds),
+    # which two workers' averaged updates leave (5 of 5 runs: x0.34-0.39).
+    options = RunOptions.for_job("bert-mlm", workers=2)
     out = tmp_path / "out"
     run_demo(options, preset("process"), out_dir=out, work_base=short_tmp,
              assets_dir=tmp_path / "assets")  # fmt: skip
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["workers"]["w1"]["exit_code"] == 0
+    assert [record["exit_code"] for record in summary["workers"].values()] == [0, 0]
     losses = [record["mean_loss"] for record in summary["rounds"]]
-    # One worker, measured: 4.171 -> 3.327 (3 rounds), 4.160 -> 3.665 (4 rounds, a plateau
-    # that two workers leave: 4.237 -> 2.059 in `local demo --job bert-mlm --workers 2`).
-    assert losses[-1] < 0.9 * losses[0], losses
+    assert losses[-1] <= LOSS_RATIO * losses[0], losses  # the demo's own verdict
