@@ -4,11 +4,15 @@ can meet. Every failure is one exception, with one line, raised on the training 
 
 from __future__ import annotations
 
+import itertools
 import json
 import socket
+import socketserver
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -17,6 +21,7 @@ from hypha.accelerate_executor import progress
 from hypha.accelerate_executor.bridge import BridgeClient, Continue, ScheduleUpdate
 from hypha.accelerate_executor.errors import BridgeError, BridgeGoneError
 from hypha.accelerate_executor.progress import StatusReporter
+from unix_http import serving
 
 CONTINUE = b'{"type": "Continue"}'
 Script = Callable[[socket.socket, bytes], bool]  # (connection, request) -> keep the connection
@@ -41,50 +46,36 @@ def read_request(connection: socket.socket) -> bytes | None:
     return body
 
 
+@dataclass
 class RawBridge:
-    """A Unix-socket server whose every connection runs `script` on each request it reads."""
+    """A scripted bridge on a Unix socket (each connection runs the script on every request
+    it reads), and what it saw: its connections, and the request bodies in order."""
 
-    def __init__(self, path: Path, script: Script) -> None:
-        self.path = path
-        self.connections = 0
-        self.bodies: list[dict[str, object]] = []
-        self._script = script
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(str(path))
-        self._listener.listen(64)
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                connection, _ = self._listener.accept()
-            except OSError:
-                return
-            self.connections += 1
-            threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
-
-    def _serve(self, connection: socket.socket) -> None:
-        with connection:
-            while (body := read_request(connection)) is not None:
-                self.bodies.append(json.loads(body))
-                if not self._script(connection, body):
-                    return
-
-    def close(self) -> None:
-        self._listener.close()
+    path: Path
+    connections: int = 0
+    bodies: list[dict[str, object]] = field(default_factory=list)
 
 
 @pytest.fixture
 def raw_bridge(short_tmp: Path) -> Iterator[Callable[[Script], RawBridge]]:
-    bridges: list[RawBridge] = []
+    with ExitStack() as servers:
 
-    def start(script: Script) -> RawBridge:
-        bridges.append(RawBridge(short_tmp / f"bridge-{len(bridges)}.sock", script))
-        return bridges[-1]
+        def start(script: Script) -> RawBridge:
+            bridge = RawBridge(short_tmp / f"bridge-{next(numbers)}.sock")
 
-    yield start
-    for bridge in bridges:
-        bridge.close()
+            class Handler(socketserver.BaseRequestHandler):
+                def handle(self) -> None:
+                    bridge.connections += 1
+                    while (body := read_request(self.request)) is not None:
+                        bridge.bodies.append(json.loads(body))
+                        if not script(self.request, body):
+                            return
+
+            servers.enter_context(serving(bridge.path, Handler))
+            return bridge
+
+        numbers = itertools.count()
+        yield start
 
 
 def reporter_for(bridge: RawBridge) -> StatusReporter:

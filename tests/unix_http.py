@@ -34,7 +34,7 @@ class QuietHandler(BaseHTTPRequestHandler):
 
 
 @contextmanager
-def serving(socket_path: Path, handler: type[BaseHTTPRequestHandler]) -> Iterator[Path]:
+def serving(socket_path: Path, handler: type[socketserver.BaseRequestHandler]) -> Iterator[Path]:
     """Serves `handler` on `socket_path` until the block ends."""
     server = UnixHTTPServer(str(socket_path), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
