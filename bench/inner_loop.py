@@ -28,27 +28,23 @@ import json
 import statistics
 import sys
 import threading
-import time
 import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import torch
-from safetensors.torch import load_file
-
 from bench.errors import BenchError
 from bench.models import Shape, parameter_count
 from bench.timing import CpuSampler
-from hypha.accelerate_executor.job import Job, parse_job
-from hypha.accelerate_executor.local.assets import Assets, ensure_assets
+from hypha.accelerate_executor.job import parse_job
+from hypha.accelerate_executor.local.assets import ensure_assets
 from hypha.accelerate_executor.local.coordinator import Catalog, Coordinator, RunOptions
 from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
 from hypha.accelerate_executor.local.demo import supervise
 from hypha.accelerate_executor.local.executor_entries import preset
 from hypha.accelerate_executor.local.worker import LocalWorker, serve_one_job
 from hypha.accelerate_executor.modeling import load_model
-from hypha.accelerate_executor.optimization import adamw_arguments, build_lr_schedule
+from hypha.accelerate_executor.selftest.runs import bare_loop, training_device
 
 
 @dataclass
@@ -84,50 +80,6 @@ class InnerLoopResult:
     @property
     def bare_steps_per_s(self) -> float:
         return self.baseline_samples_per_s / self.batch_size
-
-
-def bare_loop(
-    job: Job, assets: Assets, steps_per_round: int, rounds: int, mixed_precision: str
-) -> tuple[list[float], int]:
-    """Samples/s of a plain training loop in each of rounds 2..`rounds`; the model's size.
-    On the device accelerate would pick; with bf16, under the autocast accelerate uses."""
-    device = bare_device()
-    model = load_model(job.config.model.task, assets.model_dir).to(device)
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), **adamw_arguments(job))
-    schedule = build_lr_schedule(optimizer, job.config.scheduler)
-    slices = [load_file(path) for path in sorted(assets.dataset_dir.glob("*.safetensors"))]
-    tokens = {
-        name: torch.cat([part[name] for part in slices]).to(device)
-        for name in ("input_ids", "labels")
-    }
-    batch_size = job.config.batch_size
-    batches = tokens["input_ids"].shape[0] // batch_size
-    if batches == 0:
-        raise BenchError(f"the data set holds fewer samples than one batch of {batch_size}")
-    step = 0
-    rates = []
-    for round_number in range(1, rounds + 1):
-        started = time.perf_counter()
-        for _ in range(steps_per_round):
-            start = (step % batches) * batch_size
-            with torch.autocast(device.type, torch.bfloat16, enabled=mixed_precision == "bf16"):
-                loss = model(
-                    **{name: t[start : start + batch_size] for name, t in tokens.items()}
-                ).loss
-            loss.backward()
-            optimizer.step()
-            schedule.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-        loss.item()  # the round's work is done, as the executor's loss readout waits for it
-        if round_number > 1:
-            rates.append(steps_per_round * batch_size / (time.perf_counter() - started))
-    return rates, parameter_count(model)
-
-
-def bare_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def executor_run(
@@ -186,19 +138,19 @@ def measure(
     options = RunOptions(workers=1, rounds=rounds, steps_per_round=steps_per_round)
     with Coordinator(Catalog.from_assets(assets), options, name="bench-coordinator") as coordinator:
         job = parse_job(json.dumps(coordinator.job_spec(str(uuid.uuid4()))))
-        before, parameters = bare_loop(job, assets, steps_per_round, rounds, mixed_precision)
+        before = bare_loop(job, assets, steps_per_round, rounds, mixed_precision)
         record, stand_in_cpu_s = executor_run(coordinator, work_base, timeout_s, mixed_precision)
-        after, _ = bare_loop(job, assets, steps_per_round, rounds, mixed_precision)
+        after = bare_loop(job, assets, steps_per_round, rounds, mixed_precision)
     return InnerLoopResult(
         model=shape.name,
-        parameters=parameters,
+        parameters=parameter_count(load_model(job.config.model.task, assets.model_dir)),
         batch_size=job.config.batch_size,
         steps_per_round=steps_per_round,
         executor_rounds=executor_rounds(record),
-        bare_rounds=[before, after],
+        bare_rounds=[before.rates, after.rates],
         stand_in_cpu_ms_per_step=1e3 * stand_in_cpu_s,
         mixed_precision=mixed_precision,
-        device=str(bare_device()),
+        device=str(training_device()),
     )
 
 

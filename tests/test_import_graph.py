@@ -10,7 +10,8 @@ The layers, bottom to top (README: Architecture):
     executor  what runs in the image: bridge, training and what it stacks on, launcher
     shim      the host side: shim/*
     local     the stand-in for Hypha's side: local/*
-    command   cli: the `hypha-accelerate` dispatcher
+    selftest  the host's proof: trains a stand-in job through the executor, selftest/*
+    command   cli, the `hypha-accelerate` dispatcher, and image_entry, the image's
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ),
     ("shim", ("shim",)),
     ("local", ("local",)),
-    ("command", ("cli",)),
+    ("selftest", ("selftest",)),
+    ("command", ("cli", "image_entry")),
 ]
 
 

@@ -13,6 +13,7 @@ import pytest
 from image_harness import ARBITRARY_USER, ROOT, docker_run
 
 from hypha.accelerate_executor import __version__
+from hypha.accelerate_executor.variants import BY_NAME
 
 pytestmark = pytest.mark.docker
 
@@ -146,6 +147,20 @@ def test_entrypoint_is_the_launcher(cpu_image: str) -> None:
     assert shown.returncode == 0, shown.stderr
     assert "accelerate config: /opt/hypha/accelerate-configs/cpu.yaml (auto" in shown.stdout
     assert "command: /opt/venv/bin/python -m hypha.accelerate_executor.training" in shown.stdout
+
+
+@pytest.mark.slow
+def test_selftest_is_a_command_of_the_image(cpu_image: str) -> None:
+    """`docker run IMAGE selftest`: a stand-in job trains through the image's launcher,
+    rank and bridge, as a non-root uid with no network, and the verdict is the exit code."""
+    result = docker_run(
+        cpu_image, "selftest", "--rounds", "2", "--steps-per-round", "5", timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = result.stdout.splitlines()
+    assert table[1] == f"torch        {BY_NAME['cpu'].torch_build} (-)"
+    assert any(row.startswith("executor ") and "exit 0" in row for row in table)
+    assert table[-1].startswith("verdict      PASS")
 
 
 def test_bad_arguments_end_in_one_line_and_exit_2(cpu_image: str) -> None:

@@ -163,3 +163,25 @@ def test_gpus_without_a_driver_version_fail_the_driver_row(tmp_path: Path) -> No
     assert rows["best variant"][1].startswith(
         "cpu: 1 NVIDIA GPU(s), but no driver version readable"
     )
+
+
+def test_doctor_points_to_the_selftest_that_fits_the_host() -> None:
+    from hypha.accelerate_executor.shim.doctor import Check, selftest_command
+
+    cpu = Check("image cpu", "ok", "hypha-accelerate-executor:cpu (1.1 GB)")
+    cu130 = Check("image cu130", "ok", "hypha-accelerate-executor:cu130 (6.2 GB)")
+    runtime = Check("nvidia runtime", "ok", "cu126/cu128/cu129/cu130 containers can get GPUs")
+    driver = Check("nvidia driver", "ok", "580.159.04 (from /proc/driver/nvidia/version)")
+    assert selftest_command([cpu, cu130, runtime, driver]) == (
+        "docker run --rm --gpus all hypha-accelerate-executor:cu130 selftest"
+    )
+    # Without the runtime, or without a GPU image, the GPUs cannot be proven: the cpu path.
+    missing = Check("nvidia runtime", "missing", "install nvidia-container-toolkit")
+    for checks in ([cpu, cu130, missing, driver], [cpu, runtime, driver]):
+        assert selftest_command(checks) == "docker run --rm hypha-accelerate-executor:cpu selftest"
+    rocm = Check("rocm devices", "ok", "/dev/kfd, /dev/dri; groups video")
+    image = Check("image rocm64", "ok", "hypha-accelerate-executor:rocm64 (9 GB)")
+    assert selftest_command([cpu, image, rocm]) == (
+        "docker run --rm --device /dev/kfd --device /dev/dri "
+        "hypha-accelerate-executor:rocm64 selftest"
+    )

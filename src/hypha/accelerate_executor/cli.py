@@ -26,6 +26,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "hypha.accelerate_executor.shim.doctor",
         "check Docker, images, GPU runtime and work dir permissions",
     ),
+    "selftest": (
+        "hypha.accelerate_executor.selftest.command",
+        "train a small job on this host's GPUs (or CPU): speed, MFU, memory, a verdict",
+    ),
     "build": (
         "hypha.accelerate_executor.shim.build",
         "build the executor image of one variant or all",

@@ -1,4 +1,4 @@
-"""The image's entrypoint: choose an accelerate config, start the training ranks, pass signals on.
+"""What the image runs for a job: choose an accelerate config, start the training ranks, pass signals on.
 
     python -m hypha.accelerate_executor.launcher --socket S --work-dir W [--job J]
         [--accelerate-config auto|NAME|PATH] [--num-processes N] [--print-config]

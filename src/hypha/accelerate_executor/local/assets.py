@@ -83,6 +83,10 @@ class AssetSpec:
     def write_dataset(self, folder: Path) -> None:
         _write_dataset(self, folder)
 
+    def chain(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The data's Markov chain: successors [vocab, branching], their probabilities."""
+        return markov_chain(self)
+
 
 def cache_key(version: str, fields: dict[str, object]) -> str:
     """A folder name that changes with a spec's fields and with `version`, which is bumped
@@ -187,7 +191,7 @@ def _write_dataset(spec: AssetSpec, folder: Path) -> None:
     import torch
     from safetensors.torch import save_file
 
-    successors, probs = markov_chain(spec)
+    successors, probs = spec.chain()
     generator = torch.Generator().manual_seed(spec.seed + 1)
     folder.mkdir(parents=True)
     for index in range(spec.slices):

@@ -17,12 +17,12 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hypha.accelerate_executor.errors import BackendError, CoordinatorError, WorkerError
 from hypha.accelerate_executor.local.backend import BridgeBackend
 from hypha.accelerate_executor.local.bridge_server import BridgeServer
 from hypha.accelerate_executor.local.console import say, warn
-from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
 from hypha.accelerate_executor.local.executor_entries import ExecutorEntry, substitute
 from hypha.accelerate_executor.local.stdout_echo import StdoutEcho
 from hypha.accelerate_executor.local.work_dirs import make_work_dir, remove_work_dir
@@ -32,6 +32,11 @@ from hypha.accelerate_executor.supervisor import (
     Supervisor,
     signal_exit_status,
 )
+
+if TYPE_CHECKING:
+    # Only the TCP client's type: urllib3, which it needs, is not in the runtime images,
+    # where `selftest` runs this worker against a coordinator in its own process.
+    from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
 
 # A Hypha worker signals only its direct child, SIGKILLs it 5 s later, and leaves what the
 # child started alone (protocol.md section 1): the local worker plays exactly that.

@@ -224,6 +224,26 @@ def run_checks(base: str, cpu_image_tag: str | None = None) -> list[Check]:
     return checks
 
 
+def selftest_command(checks: list[Check]) -> str:
+    """The `selftest` run that proves this host: in the image of the GPU it has, with the
+    flags that hand the GPUs in, else in the cpu image."""
+    found = {c.name: c for c in checks}
+
+    def image(variant: str) -> str | None:
+        check = found.get(f"image {variant}")
+        return check.detail.split(" ")[0] if check is not None and check.ok else None
+
+    runtime = found.get("nvidia runtime")
+    if runtime is not None and runtime.ok and found.get("nvidia driver", runtime).ok:
+        for variant in NVIDIA_VARIANTS:
+            if tag := image(variant):
+                return f"docker run --rm --gpus all {tag} selftest"
+    rocm = found.get("rocm devices")
+    if rocm is not None and rocm.ok and (tag := image("rocm64")):
+        return f"docker run --rm --device /dev/kfd --device /dev/dri {tag} selftest"
+    return f"docker run --rm {image('cpu')} selftest"
+
+
 def table(checks: list[Check]) -> str:
     width = max(len(c.name) for c in checks)
     return "\n".join(f"  {c.name:<{width}}  {c.status:<7}  {c.detail}" for c in checks)
@@ -253,6 +273,7 @@ def _check(args: argparse.Namespace) -> int:
             c.name.removeprefix("image ") for c in checks if c.name.startswith("image ") and c.ok
         ]
         print(f"verdict: the cpu path works; images here: {', '.join(present)}")
+        print(f"next: train on this host's accelerators and measure it: {selftest_command(checks)}")
         return EXIT_OK
     print("verdict: the cpu path does not work here (see above)")
     return EXIT_FAILED
