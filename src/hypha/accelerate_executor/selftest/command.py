@@ -154,19 +154,12 @@ def parameter_counts(size: ModelSize) -> tuple[int, int]:
     """The model's parameters, and those multiplied in its products (all but the position
     embeddings), counted on a model built without memory."""
     import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
 
-    config = GPT2Config(
-        vocab_size=size.vocab_size,
-        n_positions=size.seq_len,
-        n_embd=size.n_embd,
-        n_layer=size.n_layer,
-        n_head=size.n_head,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
+    from hypha.accelerate_executor.local.assets import build_model
+    from hypha.accelerate_executor.selftest.workload import SelftestSpec
+
     with torch.device("meta"):
-        model = GPT2LMHeadModel(config)
+        model = build_model(SelftestSpec.of(size))
     total = sum(p.numel() for p in model.parameters())
     return total, total - model.transformer.wpe.weight.numel()
 
