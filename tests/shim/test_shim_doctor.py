@@ -31,8 +31,11 @@ def doctor(
     lines = result.stdout.splitlines()
     assert lines[0].startswith("hypha-accelerate doctor ")
     assert lines[-1].startswith("verdict: ")
+    body = lines[1:-1]
+    if result.returncode == 0:  # a working cpu path: the selftest to run next
+        assert body.pop().startswith("next: train on this host's accelerators and measure it: ")
     rows = {}
-    for line in lines[1:-1]:
+    for line in body:
         name, status, detail = _row(line)
         rows[name] = (status, detail)
     return result.returncode, rows

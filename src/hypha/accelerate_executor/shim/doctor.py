@@ -272,8 +272,8 @@ def _check(args: argparse.Namespace) -> int:
         present = [
             c.name.removeprefix("image ") for c in checks if c.name.startswith("image ") and c.ok
         ]
-        print(f"verdict: the cpu path works; images here: {', '.join(present)}")
         print(f"next: train on this host's accelerators and measure it: {selftest_command(checks)}")
+        print(f"verdict: the cpu path works; images here: {', '.join(present)}")
         return EXIT_OK
     print("verdict: the cpu path does not work here (see above)")
     return EXIT_FAILED
