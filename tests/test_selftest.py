@@ -89,6 +89,10 @@ def test_a_gpu_host_that_trains_passes_with_its_figures_in_the_table() -> None:
     [
         ({"executor": executor_run(exit_code=1)}, "the executor exited with 1"),
         (
+            {"executor": replace(executor_run(exit_code=143), timed_out=True)},
+            "the executor's job was cancelled after 40 s (--timeout)",
+        ),
+        (
             {"executor": executor_run(losses=(10.8, 10.9))},
             "the loss did not fall (10.8000 -> 10.9000)",
         ),

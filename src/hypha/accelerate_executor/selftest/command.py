@@ -211,7 +211,8 @@ def selftest(args: argparse.Namespace) -> int:
                 core, spec, config_path, processes, folder, args.timeout
             )
         bare()
-        run_device_checks(report, skip, lambda: runs.oom_check(job, assets, precision))
+        auto = args.accelerate_config == "auto"
+        run_device_checks(report, skip, auto, lambda: runs.oom_check(job, assets, precision))
     report.peak_tflops = args.peak_tflops
     if report.peak_tflops is None and host.gpus:
         report.peak_tflops = peak_tflops(host.devices[0].name, precision)
@@ -228,7 +229,9 @@ def selftest(args: argparse.Namespace) -> int:
     return verdict.exit_code
 
 
-def run_device_checks(report: Report, skip: set[str], oom: Callable[[], Any]) -> None:
+def run_device_checks(
+    report: Report, skip: set[str], auto_config: bool, oom: Callable[[], Any]
+) -> None:
     """The checks only GPUs have: micro-batching on the device's allocator, and the
     all-reduce between devices."""
     from hypha.accelerate_executor.selftest import runs
@@ -238,7 +241,7 @@ def run_device_checks(report: Report, skip: set[str], oom: Callable[[], Any]) ->
         report.skipped["OOM check"] = "--skip oom"
     elif host.backend not in ("cuda", "rocm"):
         report.skipped["OOM check"] = "no GPU (the CPU has no device allocator to run out of)"
-    elif report.processes > 1 or report.config.split()[0] != "auto":
+    elif report.processes > 1 or not auto_config:
         report.skipped["OOM check"] = "runs with the auto config, one process"
     else:
         with part(report, "OOM check"):

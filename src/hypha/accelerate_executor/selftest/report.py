@@ -85,7 +85,11 @@ def judge(report: Report) -> Verdict:
         failures.append(f"driver: {report.host.driver_line}")
     run = report.executor
     if run is not None:
-        if run.exit_code != 0:
+        if run.timed_out:
+            failures.append(
+                f"the executor's job was cancelled after {run.seconds:.0f} s (--timeout)"
+            )
+        elif run.exit_code != 0:
             failures.append(f"the executor exited with {run.exit_code}")
         losses = run.losses
         if len(losses) < 2:

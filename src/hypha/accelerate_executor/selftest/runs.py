@@ -40,6 +40,7 @@ class ExecutorRun:
     exit_code: int
     rounds: dict[int, dict[str, float]]
     seconds: float
+    timed_out: bool = False
 
     def timed(self, metric: str) -> list[float]:
         """`metric` in rounds 2.. (the first round is warm-up: compilation, caches)."""
@@ -106,13 +107,14 @@ def run_executor(
     thread = threading.Thread(target=serve, name="selftest-worker", daemon=True)
     thread.start()
     thread.join(timeout_s)
-    if thread.is_alive():
+    timed_out = thread.is_alive()
+    if timed_out:
         worker.cancel()  # SIGTERM, SIGKILL 5 s later
         thread.join(30)
     seconds = time.monotonic() - started
     record = core.summary()["workers"][WORKER]
     rounds = {int(r): dict(m) for r, m in record["metrics"].items()}
-    return ExecutorRun(ended[0] if ended else -1, rounds, seconds)
+    return ExecutorRun(ended[0] if ended else -1, rounds, seconds, timed_out)
 
 
 @dataclass
