@@ -31,6 +31,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
         "executor",
         (
+            "action_bridge",
+            "action_loop",
+            "actions",
             "bridge",
             "data",
             "diloco",
@@ -44,6 +47,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "steps",
             "sync",
             "training",
+            "workbench",
         ),
     ),
     ("shim", ("shim",)),
