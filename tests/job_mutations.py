@@ -1,6 +1,6 @@
 """Seeded mutations of the example jobs, and the serde oracle that judges them.
 
-    python tests/job_mutations.py [--cases N] [--seed S]
+    python tests/job_mutations.py [--cases N] [--seed S] [--generation alpha17|actions]
 
 prints how often `parse_job` and the real serde (tests/serde_oracle, built with cargo from
 Debian's crate sources) agree. Each case starts from an example job and takes one to three
@@ -59,10 +59,15 @@ def build_oracle() -> Path:
     return ORACLE_DIR / "target" / "debug" / "hypha-job-oracle"
 
 
-def oracle_verdicts(oracle: Path, cases: list[bytes]) -> list[tuple[bool, str]]:
-    """(accepted, reason) per case, from one run of the oracle."""
+def oracle_verdicts(
+    oracle: Path, cases: list[bytes], generation: str = "alpha17"
+) -> list[tuple[bool, str]]:
+    """(accepted, reason) per case, from one run of the oracle judging with `generation`'s
+    types (alpha17 or actions)."""
     lines = "".join(case.hex() + "\n" for case in cases)
-    done = subprocess.run([oracle], input=lines, capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [oracle, generation], input=lines, capture_output=True, text=True, check=True
+    )
     verdicts = []
     for line in done.stdout.splitlines():
         verdict, _, reason = line.partition("\t")
@@ -127,7 +132,8 @@ def _strings(rng: random.Random) -> list[Any]:
         "tokenizer", "image", "All", "One", "Random", "all", "uri", "huggingface", "peers", "scheduler",
         "train", "aggregate", "cosine-with-warmup", "wsd", "https://h.example/m.safetensors",
         "http://h/x", "HTTPS://H/X", "ftp://h/x", "file:///etc/passwd", "/abs/path", "config.json",
-        "caf\u00e9", "\U0001f600", "tab\there", "hf_secretTOKEN",
+        "caf\u00e9", "\U0001f600", "tab\there", "hf_secretTOKEN", "gymnasium", "rl-trainer",
+        "rl_trainer", "environment", "hash",
     ]  # fmt: skip
 
 
@@ -152,6 +158,10 @@ def _containers(rng: random.Random) -> list[Any]:
         {"type": "huggingface", "repository": "r", "filenames": []},
         {"type": "cosine-with-warmup", "warmup_steps": -5, "training_steps": 0},
         {"type": "wsd", "warmup_steps": 1},
+        {"type": "peers", "peers": [_strings(rng)[11]], "strategy": {"type": "One"}, "resource": {"dataset": "d", "hash": 2**63}},
+        {"type": "peers", "peers": [], "strategy": {"type": "One"}, "resource": {"dataset": "d", "hash": -1}},
+        {"dataset": "d", "hash": 7}, {"dataset": "d", "index": 7}, {"dataset": "d", "index": 7, "hash": 7},
+        {"learning-rate": 0.7, "momentum": 0.9}, {"optimizer": {"learning-rate": 0.7, "momentum": 0.9}},
     ]  # fmt: skip
 
 
@@ -185,6 +195,7 @@ def _set(root: Any, path: Path_, value: Any) -> Any:
 
 
 TAGS = {
+    "class": ["train", "aggregate", "gymnasium", "rl-trainer"],
     "type": ["uri", "huggingface", "peers", "scheduler"],
     "strategy": ["All", "Random", "One"],
     "scheduler": ["cosine-with-warmup", "linear-with-warmup", "wsd"],
@@ -204,10 +215,12 @@ def _tree_mutation(rng: random.Random, job: Any) -> Any:
         parent = _get(job, path[:-1])
         del parent[path[-1]]
         return job
-    if kind == 4 and isinstance(node, dict):  # an unknown key, or a snake_case twin
+    if kind == 4 and isinstance(node, dict):  # an unknown key, a snake_case twin, the other
+        # generation's keys
         key = rng.choice(
-            ["extra", "input_names", "learning_rate", "batchSize", "type", "class", "value"]
-        )
+            ["extra", "input_names", "learning_rate", "batchSize", "type", "class", "value",
+             "updates", "results", "environment", "hash"]
+        )  # fmt: skip
         node[key] = rng.choice(_strings(rng) + NUMBERS + _containers(rng))
         return job
     if kind == 5 and isinstance(node, dict) and node:  # a key given twice
@@ -318,11 +331,17 @@ class Judgement:
         return self.rust_accepts == (self.python != "refuse")
 
 
-def judge(cases: list[bytes], oracle: Path, parse: Callable[[bytes], Any]) -> list[Judgement]:
+def judge(
+    cases: list[bytes],
+    oracle: Path,
+    parse: Callable[[bytes], Any],
+    generation: str = "alpha17",
+) -> list[Judgement]:
     from hypha.accelerate_executor.errors import JobSpecError, UntrainableJobError
 
     judgements = []
-    for case, (accepts, reason) in zip(cases, oracle_verdicts(oracle, cases), strict=True):
+    verdicts = oracle_verdicts(oracle, cases, generation)
+    for case, (accepts, reason) in zip(cases, verdicts, strict=True):
         try:
             parse(case)
             python, why = "accept", ""
@@ -350,10 +369,12 @@ def main() -> int:
     p = argparse.ArgumentParser(description="parse_job against the real serde on seeded mutations")
     p.add_argument("--cases", type=int, default=5000)
     p.add_argument("--seed", type=int, default=13)
+    p.add_argument("--generation", choices=("alpha17", "actions"), default="alpha17")
     args = p.parse_args()
-    from hypha.accelerate_executor.job import parse_job_bytes
+    from hypha.accelerate_executor.job import parse_action_job_bytes, parse_job_bytes
 
-    judgements = judge(mutations(args.seed, args.cases), build_oracle(), parse_job_bytes)
+    parse = parse_job_bytes if args.generation == "alpha17" else parse_action_job_bytes
+    judgements = judge(mutations(args.seed, args.cases), build_oracle(), parse, args.generation)
     for j in judgements:
         if not j.serde_agrees:
             print(

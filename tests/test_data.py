@@ -16,6 +16,7 @@ from hypha.accelerate_executor.data import (
     Batch,
     Share,
     SliceStream,
+    is_plain_safetensors,
     load_slice,
     worker_batches,
 )
@@ -256,3 +257,33 @@ def test_malformed_file_is_one_executor_error_line(
         load_slice(broken, ["input_ids"])
     message = str(raised.value)
     assert "broken-slice" in message and "\n" not in message, message
+
+
+def test_a_snappy_block_of_a_slice_loads_as_the_slice_itself(
+    slice_file: Path, tmp_path: Path
+) -> None:
+    """Action-era data nodes serve a slice as one raw Snappy block of its safetensors file
+    (upstream's dataset.py: snappy.uncompress); the bytes tell the two apart."""
+    import cramjam
+
+    plain = slice_file.read_bytes()
+    compressed = tmp_path / "4611686018427387904"
+    compressed.write_bytes(bytes(cramjam.snappy.compress_raw(plain)))
+    assert not is_plain_safetensors(compressed.read_bytes()[:9], compressed.stat().st_size)
+    assert is_plain_safetensors(plain[:9], len(plain))
+    expected = load_slice(slice_file, None)
+    loaded = load_slice(compressed, None)
+    assert loaded.keys() == expected.keys()
+    for name, tensor in expected.items():
+        assert torch.equal(loaded[name], tensor)
+
+
+def test_a_snappy_block_that_is_no_slice_is_one_data_error(tmp_path: Path) -> None:
+    import cramjam
+
+    damaged = bytearray(cramjam.snappy.compress_raw(b"not a safetensors file " * 40))
+    damaged[5:] = b"\xff" * (len(damaged) - 5)
+    path = tmp_path / "12345"
+    path.write_bytes(bytes(damaged))
+    with pytest.raises(DataError, match="12345 is neither a safetensors file nor a Snappy block"):
+        load_slice(path, None)

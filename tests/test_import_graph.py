@@ -32,6 +32,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
         "executor",
         (
+            "action_bridge",
+            "action_loop",
+            "actions",
             "bridge",
             "data",
             "diloco",
@@ -45,6 +48,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "steps",
             "sync",
             "training",
+            "workbench",
         ),
     ),
     ("shim", ("shim",)),

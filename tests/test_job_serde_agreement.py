@@ -12,8 +12,12 @@ from typing import Any
 
 import pytest
 
-from hypha.accelerate_executor.errors import UntrainableJobError
-from hypha.accelerate_executor.job import parse_job_bytes
+from hypha.accelerate_executor.errors import JobSpecError, UntrainableJobError
+from hypha.accelerate_executor.job import (
+    parse_action_job_bytes,
+    parse_any_job_bytes,
+    parse_job_bytes,
+)
 from job_mutations import (
     OracleUnavailable,
     build_oracle,
@@ -111,3 +115,37 @@ def test_each_refusal_beyond_serde_is_one_serde_accepts(oracle: Path) -> None:
     for case in BEYOND_SERDE.values():
         with pytest.raises(UntrainableJobError):
             parse_job_bytes(case)
+
+
+def test_action_era_mutations_are_decided_as_the_action_era_serde_decides(oracle: Path) -> None:
+    """The same seeded mutations (alpha.17 and action-era examples alike) judged by the action
+    protocol's types (crates/messages @3058282936) on both sides."""
+    judgements = judge(mutations(seed=29, count=3000), oracle, parse_action_job_bytes, "actions")
+    print("actions:", summary(judgements))
+    lenient = [j for j in judgements if not j.rust_accepts and j.python != "refuse"]
+    strict = [j for j in judgements if j.rust_accepts and j.python == "refuse"]
+    assert not lenient and not strict, "\n".join(
+        f"rust {'accepts' if j.rust_accepts else 'refuses'} ({j.rust_reason}), python {j.python} "
+        f"({j.python_reason}): {j.case[:200]!r}"
+        for j in (lenient + strict)[:10]
+    )
+    assert sum(j.rust_accepts for j in judgements) >= 300
+    assert any(j.python == "untrainable" for j in judgements)
+
+
+def test_auto_accepts_exactly_what_either_generation_accepts(oracle: Path) -> None:
+    cases = mutations(seed=31, count=1500)
+    old = oracle_verdicts(oracle, cases, "alpha17")
+    new = oracle_verdicts(oracle, cases, "actions")
+    wrong = []
+    for case, (old_ok, _), (new_ok, _) in zip(cases, old, new, strict=True):
+        try:
+            parse_any_job_bytes(case)
+            accepted = True
+        except UntrainableJobError:
+            accepted = True
+        except JobSpecError:
+            accepted = False
+        if accepted != (old_ok or new_ok):
+            wrong.append(case[:200])
+    assert not wrong, wrong[:5]

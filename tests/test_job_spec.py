@@ -12,23 +12,37 @@ from typing import Any, get_args
 import pytest
 
 from hypha.accelerate_executor.errors import JobSpecError, UntrainableJobError
-from hypha.accelerate_executor.job import ModelTask, parse_job
+from hypha.accelerate_executor.job import (
+    ActionJob,
+    Ambiguous,
+    Job,
+    ModelTask,
+    parse_any_job_bytes,
+    parse_job,
+)
 from hypha.accelerate_executor.tasks import TASKS, Trains
 
 EXAMPLES = sorted((Path(__file__).parents[2] / "shared" / "examples").glob("job-*.json"))
 if not EXAMPLES:  # a clone without shared/ beside it: the copies in tests/data serve
     EXAMPLES = sorted((Path(__file__).parent / "data").glob("job-*.json"))
+# Jobs as an action-era scheduler sends them (no `updates`, no `results`); the rest are alpha.17's.
+ACTION_EXAMPLES = [p for p in EXAMPLES if p.name.startswith("job-actions-")]
+EXAMPLES = [p for p in EXAMPLES if p not in ACTION_EXAMPLES]
 CAUSAL_LM = json.loads(next(p for p in EXAMPLES if "causal-lm" in p.name).read_text())
 
 
 def test_examples_exist() -> None:
     assert len(EXAMPLES) >= 2
+    assert ACTION_EXAMPLES
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_every_example_parses(path: Path) -> None:
     job = parse_job(path.read_text())
     assert job.executor.class_ == "train"
+    # An alpha.17 job is one the action-era types accept too (they ignore unknown keys):
+    # only the bridge can tell which worker sent it.
+    assert isinstance(parse_any_job_bytes(path.read_bytes()), Ambiguous)
     again = json.loads(job.model_dump_json(by_alias=True, exclude_none=False))
     assert again["executor"]["config"]["model"]["input-names"] == job.config.model.input_names
 
@@ -285,3 +299,59 @@ def test_json_schema_is_exported() -> None:
 
     schema = json.dumps(json_schema())
     assert "input-names" in schema and "learning-rate" in schema and "batch_size" in schema
+
+
+@pytest.mark.parametrize("path", ACTION_EXAMPLES, ids=lambda p: p.name)
+def test_every_action_era_example_is_an_action_job(path: Path) -> None:
+    job = parse_any_job_bytes(path.read_bytes())
+    assert isinstance(job, ActionJob)
+    assert job.config.model.input_names
+    with pytest.raises(JobSpecError, match="missing field `updates`"):
+        parse_job(path.read_text())
+
+
+def _action_job(change: Any = None) -> bytes:
+    raw = json.loads(ACTION_EXAMPLES[0].read_text())
+    if change is not None:
+        change(raw["executor"]["config"])
+    return json.dumps(raw).encode()
+
+
+def test_a_generation_forced_is_read_by_that_generation_alone() -> None:
+    alpha17 = json.dumps(CAUSAL_LM).encode()
+    assert isinstance(parse_any_job_bytes(alpha17, "alpha17"), Job)
+    assert isinstance(parse_any_job_bytes(alpha17, "actions"), ActionJob)
+    with pytest.raises(JobSpecError, match="missing field `updates`"):
+        parse_any_job_bytes(_action_job(), "alpha17")
+
+
+def test_a_slice_named_by_index_or_hash_decides_the_generation() -> None:
+    peers = {"type": "peers", "peers": [], "strategy": {"type": "One"}}
+    by_hash = {**peers, "resource": {"dataset": "d", "hash": 2**64 - 1}}
+    by_index = {**peers, "resource": {"dataset": "d", "index": 3}}
+    # A model from peers trains under neither generation, but serde reads the slice first.
+    with pytest.raises(UntrainableJobError):
+        parse_any_job_bytes(_action_job(lambda c: c["model"].__setitem__("artifact", by_hash)))
+    with pytest.raises(JobSpecError, match="missing field `hash`"):
+        parse_any_job_bytes(_action_job(lambda c: c["model"].__setitem__("artifact", by_index)))
+
+
+@pytest.mark.parametrize(
+    ("cls", "config", "why"),
+    [
+        ("aggregate", {"optimizer": {"learning-rate": 0.7, "momentum": 0.9}}, "parameter server"),
+        ("gymnasium", None, "RL environment"),
+        ("rl-trainer", None, "RL trainer"),
+    ],
+)
+def test_the_other_action_era_classes_are_refused_in_one_line(
+    cls: str, config: Any, why: str
+) -> None:
+    raw = json.loads(ACTION_EXAMPLES[0].read_text())
+    raw["executor"]["class"] = cls
+    if config is not None:
+        raw["executor"]["config"] = config
+    else:
+        raw["executor"]["config"]["environment"] = "CartPole-v1"
+    with pytest.raises(UntrainableJobError, match=why):
+        parse_any_job_bytes(json.dumps(raw).encode())

@@ -11,13 +11,19 @@ joining the pieces where it crosses a boundary. Rank 0 fetches, one slice ahead,
 each fetched file to a name of the executor's own at once: the worker's bridge rewrites
 `artifacts/<index>` in place when it hands the same index out again, which would change a
 file under a live mapping (SIGBUS). Every rank reads the moved file.
+
+Action-era data nodes serve each slice as one raw Snappy block of a safetensors file
+(`artifacts/<hash>`); alpha.17's serve the safetensors file itself. The bytes tell which
+(`is_plain_safetensors`): both load.
 """
 
 from __future__ import annotations
 
+import io
 import itertools
 import mmap
 import os
+import struct
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -133,10 +139,42 @@ def _concatenate(name: str, parts: list[torch.Tensor]) -> torch.Tensor:
     return out
 
 
+def is_plain_safetensors(head: bytes, size: int) -> bool:
+    """Whether a file of `size` bytes starting with `head` (at least 9 bytes of it) is a
+    safetensors file rather than a Snappy block of one. A safetensors file opens with its
+    header's length (u64, little-endian) and the header's `{`; a Snappy block opens with the
+    uncompressed length as a varint and a literal's tag, so its first 8 bytes read as a
+    length far past the file's end (or its ninth is not the `{`)."""
+    if len(head) < 9:
+        return True  # too short for either: read_layout says why
+    (header_bytes,) = struct.unpack("<Q", head[:8])
+    return header_bytes <= size - 8 and head[8:9] == b"{"
+
+
+def _uncompressed_slice(path: Path, file: io.FileIO, size: int) -> bytearray:
+    import cramjam  # the executor's Snappy codec (pyproject's train extra)
+
+    compressed = bytearray(size)
+    if os.preadv(file.fileno(), [compressed], 0) != size:
+        raise DataError(f"data slice {path.name} shrank while it was read")
+    try:
+        return bytearray(cramjam.snappy.decompress_raw(bytes(compressed)))
+    except cramjam.DecompressionError:
+        raise DataError(
+            f"data slice {path.name} is neither a safetensors file nor a Snappy block of one"
+        ) from None
+
+
 def _read_slice(path: Path) -> tuple[dict[str, TensorEntry], bytearray | mmap.mmap]:
     try:
         with open(path, "rb", buffering=0) as file:
             size = os.fstat(file.fileno()).st_size
+            if not is_plain_safetensors(os.pread(file.fileno(), 9, 0), size):
+                plain = _uncompressed_slice(path, file, size)
+                buffer = io.BytesIO(plain)
+                buffer.name = path.name
+                entries = read_layout(buffer, len(plain))
+                return {entry.name: entry for entry in entries}, plain
             entries = read_layout(file, size)
             if size > READ_WHOLE_BYTES:
                 # Copy-on-write, so that a step writing into its batch never changes the file.

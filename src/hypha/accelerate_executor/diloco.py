@@ -43,10 +43,16 @@ class GlobalWeights:
         self._chunks: dict[torch.dtype, torch.Tensor] = {}
 
     def write_pseudo_gradient(
-        self, local: dict[str, torch.Tensor], path: Path, dtype: torch.dtype = torch.float32
+        self,
+        local: dict[str, torch.Tensor],
+        path: Path,
+        dtype: torch.dtype = torch.float32,
+        weight: float = 1.0,
     ) -> int:
         """Writes theta_local - theta_global for every tensor to `path`; returns its size.
-        Floating tensors go in `dtype`, the others in their own."""
+        Floating tensors go in `dtype`, the others in their own. `weight` (the action
+        protocol's share of the round's samples) scales the floating differences, computed
+        in fp32 before the cast; a counter or a mask is never scaled."""
         header, entries = layout(
             [
                 (name, self._wire_dtype(name, dtype), tuple(self.tensors[name].shape))
@@ -68,6 +74,8 @@ class GlobalWeights:
                         theta_global[start:stop],
                         out=self._chunk(kept, stop - start),
                     )
+                    if weight != 1.0 and kept.is_floating_point:
+                        delta.mul_(weight)
                     if entry.dtype != kept:
                         delta = self._chunk(entry.dtype, stop - start).copy_(delta)
                     _write_all(file, delta)
@@ -103,6 +111,36 @@ class GlobalWeights:
                     else:  # what loading a floating update into an integer tensor would do
                         theta_global[start:stop] += update.to(kept)
         return len(entries)
+
+    def replace_from(self, path: Path) -> int:
+        """theta_global = the model file at `path` (a late joiner's start: a peer's
+        theta_global); every tensor of the model must be in it. Returns how many it held."""
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        try:
+            received = load_file(path)
+        except (SafetensorError, OSError) as exc:
+            raise UpdateError(f"model {path.name} cannot be read: {exc}") from None
+        missing = sorted(set(self.tensors) - set(received))
+        if missing:
+            raise UpdateError(f"model {path.name} lacks {', '.join(missing[:3])}")
+        for name, tensor in self.tensors.items():
+            if received[name].shape != tensor.shape:
+                raise UpdateError(
+                    f"model {path.name}: {name} has shape {tuple(received[name].shape)}, "
+                    f"the model {tuple(tensor.shape)}"
+                )
+            tensor.copy_(received[name])
+        return len(received)
+
+    def write_model(self, path: Path) -> int:
+        """theta_global as a safetensors file (what a late joiner loads); its size."""
+        from safetensors.torch import save_file
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_file({name: tensor.contiguous() for name, tensor in self.tensors.items()}, path)
+        return path.stat().st_size
 
     def _wire_dtype(self, name: str, dtype: torch.dtype) -> torch.dtype:
         kept = self.tensors[name].dtype

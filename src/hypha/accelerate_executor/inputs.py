@@ -20,7 +20,7 @@ import torch
 
 from hypha.accelerate_executor.data import IGNORED_LABEL, Batch
 from hypha.accelerate_executor.errors import DataError, JobSpecError
-from hypha.accelerate_executor.job import Job, TrainConfig
+from hypha.accelerate_executor.job import AnyJob, AnyTrainConfig
 from hypha.accelerate_executor.tasks import trains
 
 ATTENTION_MASK = "attention_mask"
@@ -32,12 +32,12 @@ TO_MASK_TOKEN = 0.8
 TO_RANDOM_TOKEN = 0.5  # of those not turned into the mask token: half of the other 20%
 
 
-def derives_labels(config: TrainConfig) -> bool:
+def derives_labels(config: AnyTrainConfig) -> bool:
     """Whether the task makes `labels` from `input_ids` when the slice holds none."""
     return trains(config.model.task).labels in ("causal", "masked")
 
 
-def slice_names(config: TrainConfig) -> tuple[list[str], tuple[str, ...]]:
+def slice_names(config: AnyTrainConfig) -> tuple[list[str], tuple[str, ...]]:
     """The tensors every slice must hold, and those taken when a slice holds them."""
     taken = (*config.model.input_names, *trains(config.model.task).label_names, ATTENTION_MASK)
     if config.preprocessor is not None:
@@ -97,7 +97,7 @@ class ModelInputs:
 
     def __init__(
         self,
-        config: TrainConfig,
+        config: AnyTrainConfig,
         processor: Any = None,
         device: torch.device | str = "cpu",
         masking: MaskedLanguageModelling | None = None,
@@ -116,7 +116,7 @@ class ModelInputs:
 
     @classmethod
     def for_job(
-        cls, job: Job, processor: Any, artifacts: Path, device: torch.device, rank: int
+        cls, job: AnyJob, processor: Any, artifacts: Path, device: torch.device, rank: int
     ) -> ModelInputs:
         """The job's inputs on this rank; a masked-lm job's tokenizer is its `tokenizer`
         preprocessor, or the one shipped with the model artifact."""

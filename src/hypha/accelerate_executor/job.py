@@ -8,12 +8,21 @@ accept or refuse. The same models then give the executor typed access and, by th
 constraints, refuse the few jobs serde accepts but no executor could train, each listed in
 the README's "Jobs refused beyond serde". Pure pydantic: the host shim imports this module,
 so it must never import torch.
+
+Two generations of the types exist (docs/protocol-actions.md): alpha.17's, whose train config
+carries `updates` and `results` and whose data slices are `{dataset, index}`, and the action
+protocol's, without either key, with slices `{dataset, hash}` and two more executor classes.
+Each is read exactly as its own Rust side reads it (`parse_job_bytes`,
+`parse_action_job_bytes`); `parse_any_job_bytes` tells them apart, and says when only the
+bridge can (`Ambiguous`).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -256,6 +265,134 @@ class Job(JobModel):
 JOB_SPEC = struct(Job)
 
 
+# The action protocol's types (crates/messages/src/lib.rs @3058282936): the train config
+# loses `updates` and `results` (targets and sources arrive inside actions), a peers
+# reference's slice is named by the hash of its bytes, and the executor enum gains
+# `gymnasium` and `rl-trainer`. What stays the same is shared with the classes above.
+
+
+class HashedSlice(JobModel):
+    dataset: str
+    hash: Annotated[int, Integer("u64")]
+
+
+class ActionPeersReference(JobModel):
+    type: Literal["peers"]
+    peers: list[PeerId]
+    strategy: Annotated[Strategy, tagged(Strategy)]
+    resource: HashedSlice | None = None
+
+
+ACTION_REFERENCE = tagged(
+    UriReference, HuggingFaceReference, ActionPeersReference, SchedulerReference
+)
+ActionReference = Annotated[
+    UriReference | HuggingFaceReference | ActionPeersReference | SchedulerReference,
+    Field(discriminator="type"),
+]
+ActionArtifactReference = Annotated[
+    UriReference | HuggingFaceReference, Field(discriminator="type"), ACTION_REFERENCE
+]
+ActionDataReference = Annotated[
+    SchedulerReference | UriReference | HuggingFaceReference,
+    Field(discriminator="type"),
+    ACTION_REFERENCE,
+]
+
+
+# Subclasses that only swap the reference type: pydantic keeps an overridden field in its
+# place, so serde's field order (arrays) stays upstream's.
+class ActionModelSpec(ModelSpec):
+    artifact: ActionArtifactReference
+
+
+class ActionPreprocessorSpec(PreprocessorSpec):
+    artifact: ActionArtifactReference
+
+
+class ActionTrainConfig(JobModel):
+    model: ActionModelSpec
+    data: ActionDataReference
+    optimizer: OptimizerSpec
+    batch_size: Annotated[int, Integer("u32"), Field(gt=0)]
+    preprocessor: ActionPreprocessorSpec | None = None
+    scheduler: LrScheduler | None = None
+
+
+class ActionExecutorSpec(JobModel):
+    class_: Literal["train"] = Field(alias="class")
+    descriptor: Descriptor
+    config: ActionTrainConfig
+
+
+# The other executor classes, declared for serde's sake and refused: a worker runs them with
+# other executors (its parameter server, an RL environment).
+
+
+class ActionAggregateConfig(JobModel):
+    optimizer: AggregateOptimizer
+
+
+class ActionAggregateExecutorSpec(JobModel):
+    class_: Literal["aggregate"] = Field(alias="class")
+    descriptor: Descriptor
+    config: ActionAggregateConfig
+
+
+class GymnasiumConfig(JobModel):
+    model: ActionModelSpec
+    environment: str
+
+
+class GymnasiumExecutorSpec(JobModel):
+    class_: Literal["gymnasium"] = Field(alias="class")
+    descriptor: Descriptor
+    config: GymnasiumConfig
+
+
+class RlTrainerConfig(JobModel):
+    model: ActionModelSpec
+    optimizer: OptimizerSpec
+    batch_size: Annotated[int, Integer("u32")]
+    scheduler: LrScheduler | None = None
+
+
+class RlTrainerExecutorSpec(JobModel):
+    class_: Literal["rl-trainer"] = Field(alias="class")
+    descriptor: Descriptor
+    config: RlTrainerConfig
+
+
+class ActionJob(JobModel):
+    job_id: Annotated[str, UUID]
+    executor: Annotated[
+        ActionExecutorSpec,
+        tagged(
+            ActionExecutorSpec,
+            ActionAggregateExecutorSpec,
+            GymnasiumExecutorSpec,
+            RlTrainerExecutorSpec,
+            index_tags=False,
+        ),
+    ]
+
+    @property
+    def config(self) -> ActionTrainConfig:
+        return self.executor.config
+
+
+ACTION_JOB_SPEC = struct(ActionJob)
+
+Generation = Literal["alpha17", "actions"]
+GENERATIONS: tuple[Generation, ...] = get_args(Generation)
+AnyJob = Job | ActionJob
+AnyTrainConfig = TrainConfig | ActionTrainConfig
+
+
+def generation_of(job: AnyJob) -> Generation:
+    return "actions" if isinstance(job, ActionJob) else "alpha17"
+
+
 def job_bytes(source: str) -> bytes:
     """The job as the worker hands it over: the JSON itself, or `@path` of a file holding
     it. Strings from argv or the environment carry bytes that are not UTF-8 as surrogate
@@ -275,27 +412,105 @@ def _first_error(error: ValidationError) -> str:
     return f"{where}: {detail['msg'].removeprefix('Value error, ')}"
 
 
-def parse_job_bytes(data: bytes) -> Job:
-    """Raises JobSpecError (UntrainableJobError for a job that serde accepts) with one line
-    naming the field and the problem. The message never quotes the input's strings: they
-    may hold a token."""
+def _text(data: bytes) -> str:
     try:
-        text = data.decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise JobSpecError(f"job is not valid UTF-8 (byte {exc.start})") from None
+
+
+def _serde(text: str, spec: Any) -> dict[str, Any]:
+    """What serde makes of the text as `spec`; JobSpecError with serde's reason if it refuses."""
     try:
-        decoded = JOB_SPEC.decode(read_struct(text, frozenset(JOB_SPEC.fields)), ())
+        decoded: dict[str, Any] = spec.decode(read_struct(text, frozenset(spec.fields)), ())
     except JsonError as exc:
         raise JobSpecError(f"job is not valid JSON: {exc}") from None
-    if decoded["executor"]["class"] == "aggregate":
+    return decoded
+
+
+_M = TypeVar("_M", bound=JobModel)
+
+# The executor classes a train executor refuses, with why, once serde has read them.
+_OTHER_CLASSES = {
+    "aggregate": "'aggregate' jobs belong to the worker's built-in parameter server",
+    "gymnasium": "'gymnasium' jobs belong to an RL environment executor",
+    "rl-trainer": "'rl-trainer' jobs belong to an RL trainer executor",
+}
+
+
+def _validated(decoded: dict[str, Any], model: type[_M]) -> _M:
+    cls = decoded["executor"]["class"]
+    if cls in _OTHER_CLASSES:
         raise UntrainableJobError(
-            "executor.class: 'aggregate' jobs belong to the worker's built-in parameter "
-            "server, this executor only runs 'train'"
+            f"executor.class: {_OTHER_CLASSES[cls]}, this executor only runs 'train'"
         )
     try:
-        return Job.model_validate(decoded)
+        return model.model_validate(decoded)
     except ValidationError as exc:
         raise UntrainableJobError(f"cannot train: {_first_error(exc)}") from None
+
+
+def parse_job_bytes(data: bytes) -> Job:
+    """An alpha.17 job. Raises JobSpecError (UntrainableJobError for a job that serde
+    accepts) with one line naming the field and the problem. The message never quotes the
+    input's strings: they may hold a token."""
+    return _validated(_serde(_text(data), JOB_SPEC), Job)
+
+
+def parse_action_job_bytes(data: bytes) -> ActionJob:
+    """An action-era job, as parse_job_bytes reads an alpha.17 one."""
+    return _validated(_serde(_text(data), ACTION_JOB_SPEC), ActionJob)
+
+
+@dataclass(frozen=True)
+class Ambiguous:
+    """A job both generations' types accept (a transitional scheduler sent `updates` and
+    `results` to an action-era worker, or an alpha.17 job): only the bridge can tell.
+    `as_alpha17` and `as_actions` are the job read each way."""
+
+    as_alpha17: Job
+    as_actions: ActionJob
+
+
+def parse_any_job_bytes(data: bytes, generation: Generation | None = None) -> AnyJob | Ambiguous:
+    """The job as `generation`'s types read it; with None, as whichever generation's serde
+    accepts it (each exactly), or Ambiguous when both do. When neither does, the refusal is
+    that of the generation the job is shaped for: alpha.17 where its config names `updates`
+    or `results`, the action protocol otherwise."""
+    if generation == "alpha17":
+        return parse_job_bytes(data)
+    if generation == "actions":
+        return parse_action_job_bytes(data)
+    old = _attempt(parse_job_bytes, data)
+    new = _attempt(parse_action_job_bytes, data)
+    if isinstance(old, Job) and isinstance(new, ActionJob):
+        return Ambiguous(old, new)
+    if isinstance(old, Job):
+        return old
+    if isinstance(new, ActionJob):
+        return new
+    assert isinstance(old, JobSpecError) and isinstance(new, JobSpecError)
+    # Neither trains: an untrainable refusal means that generation's serde accepted it.
+    serde_old = isinstance(old, UntrainableJobError)
+    serde_new = isinstance(new, UntrainableJobError)
+    if serde_old != serde_new:
+        raise old if serde_old else new
+    raise old if _shaped_for_alpha17(data) else new
+
+
+def _attempt(parse: Callable[[bytes], _M], data: bytes) -> _M | JobSpecError:
+    try:
+        return parse(data)
+    except JobSpecError as exc:  # UntrainableJobError among them: serde accepted it
+        return exc
+
+
+def _shaped_for_alpha17(data: bytes) -> bool:
+    try:
+        config = json.loads(data)["executor"]["config"]
+    except (ValueError, KeyError, TypeError, RecursionError):  # deep nesting: not alpha.17's
+        return False
+    return isinstance(config, dict) and ("updates" in config or "results" in config)
 
 
 def parse_job(source: str) -> Job:

@@ -7,14 +7,14 @@ from typing import Any
 
 import torch
 
-from hypha.accelerate_executor.job import Job, LrScheduler
+from hypha.accelerate_executor.job import AnyJob, LrScheduler
 
 # Devices for which every torch this project ships (>= 2.8) has a fused AdamW kernel; a ROCm
 # GPU is a "cuda" device to torch.
 FUSED_ADAMW_DEVICES = ("cpu", "cuda", "mps")
 
 
-def adamw_arguments(job: Job) -> dict[str, Any]:
+def adamw_arguments(job: AnyJob) -> dict[str, Any]:
     """The job's optimizer as AdamW arguments; null fields keep torch's defaults."""
     spec = job.config.optimizer
     arguments: dict[str, Any] = {"lr": float(spec.learning_rate)}

@@ -68,6 +68,13 @@ class Str(SerdeType):
         return value
 
 
+class Bool(SerdeType):
+    def decode(self, value: Value, path: Path) -> bool:
+        if not isinstance(value, bool):
+            raise self.mismatch(value, path, "a boolean")
+        return value
+
+
 class Integer(SerdeType):
     def __init__(self, rust: str) -> None:
         bits = int(rust[1:])

@@ -4,8 +4,13 @@
 
 J is the job JSON, or @path to a file holding it. Run it plainly for one process, or
 under `accelerate launch` for several; only rank 0 talks to the bridge. Exit codes:
-0 the scheduler said Done, 1 the job failed, 2 the job spec or arguments are bad,
-143 cancelled by SIGTERM.
+0 the scheduler said Done (alpha.17) or terminate (actions), 1 the job failed, 2 the job
+spec or arguments are bad, 143 cancelled by SIGTERM.
+
+Which bridge generation drives the job (`--bridge-generation`, HYPHA_BRIDGE_GENERATION):
+`auto` (the default) reads it off the job, and asks the bridge where the job fits both
+(`bridge_generation`); the first line says which it is and why. This module runs alpha.17's
+loop (Trainer); action_loop.ActionTrainer the action protocol's.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hypha.accelerate_executor.bridge import Continue, Done, Ok, ScheduleUpdate, expect
 from hypha.accelerate_executor.entry import OneLineArgumentParser, run_main
@@ -31,30 +36,27 @@ from hypha.accelerate_executor.errors import (
     JobSpecError,
     UsageError,
 )
-from hypha.accelerate_executor.job import Job, parse_job
+from hypha.accelerate_executor.job import (
+    GENERATIONS,
+    ActionJob,
+    Ambiguous,
+    AnyJob,
+    Generation,
+    Job,
+    job_bytes,
+    parse_any_job_bytes,
+)
+from hypha.accelerate_executor.workbench import Workbench, say
 
 if TYPE_CHECKING:
-    import torch
-    from accelerate import Accelerator
-
-    from hypha.accelerate_executor.bridge import BridgeClient
-    from hypha.accelerate_executor.data import Batch, SliceStream
-    from hypha.accelerate_executor.distributed import Ranks
-    from hypha.accelerate_executor.inputs import ModelInputs
+    from hypha.accelerate_executor.data import Batch
     from hypha.accelerate_executor.progress import StatusAnswer, StatusReporter
-    from hypha.accelerate_executor.steps import MicroBatchedStep
     from hypha.accelerate_executor.sync import Synchroniser
 
 # The module a worker runs (`python -m ...`), and what this process's own lines start with.
 PROG = "hypha.accelerate_executor.training"
 PSEUDO_GRADIENT_DTYPES = ("float32", "bfloat16")
 TRUTHY = ("1", "true", "yes")
-
-
-def say(message: str) -> None:
-    """A line for the worker's log: stdout, flushed at once, since lines still buffered
-    when the process ends may be lost."""
-    print(message, flush=True)
 
 
 @dataclass(frozen=True)
@@ -81,19 +83,11 @@ class RoundStats:
     parts: dict[str, float] = field(default_factory=dict)
 
 
-class Trainer:
+class Trainer(Workbench):
+    """The alpha.17 generation's DiLoCo loop (protocol.md): statuses after every batch, the
+    round's end from ScheduleUpdate, the update over the job's one receive stream."""
+
     job: Job
-    accelerator: Accelerator
-    ranks: Ranks
-    bridge: BridgeClient | None  # rank 0 only
-    parameter_count: int
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    lr_schedule: Any
-    inputs: ModelInputs
-    data: SliceStream
-    batches: Any  # iterator over this rank's shares of the worker's batches
-    step: MicroBatchedStep
     synchroniser: Synchroniser
     reporter: StatusReporter | None  # rank 0 only
     batches_trained: int  # over the whole job; a status's batch number
@@ -108,83 +102,23 @@ class Trainer:
         micro_batch_size: int | None = None,
         trust_remote_code: bool = False,
     ) -> None:
-        # Heavy imports here, once the job spec is known to be good.
         import torch
-        from accelerate import Accelerator
 
         from hypha.accelerate_executor.bridge import BridgeClient
-        from hypha.accelerate_executor.data import SliceStream
-        from hypha.accelerate_executor.distributed import (
-            ModelWeights,
-            Ranks,
-            canonical_names,
-            process_group_settings,
-        )
-        from hypha.accelerate_executor.inputs import ModelInputs, slice_names
-        from hypha.accelerate_executor.modeling import load_model, load_preprocessor
-        from hypha.accelerate_executor.optimization import (
-            adamw_arguments,
-            build_adamw,
-            build_lr_schedule,
-        )
         from hypha.accelerate_executor.progress import StatusReporter
-        from hypha.accelerate_executor.steps import MicroBatchedStep
         from hypha.accelerate_executor.sync import Synchroniser
 
-        self.job = job
-        config = job.config
-        self.accelerator = Accelerator(kwargs_handlers=[process_group_settings()])
-        self.ranks = Ranks(self.accelerator)
-        self.bridge = BridgeClient(socket_path, work_dir) if self.ranks.is_main else None
-
-        # Model (and preprocessor) files into artifacts/, then into memory on every rank.
-        artifacts = work_dir / "artifacts"
-        if self.bridge is not None:
-            self.bridge.fetch(config.model.artifact)
-            if config.preprocessor is not None:
-                self.bridge.fetch(config.preprocessor.artifact)
-        self.ranks.barrier()
-        model = load_model(config.model.task, artifacts, trust_remote_code)
-        names = canonical_names(model)
-        # Under ZeRO-3's init the parameters are already partitioned: numel() would be 0.
-        self.parameter_count = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
-        sharded = self.accelerator.distributed_type.value in ("FSDP", "DEEPSPEED")
-        optimizer = build_adamw(
-            model.parameters(), adamw_arguments(job), self.accelerator.device, sharded
-        )
-        self.lr_schedule = build_lr_schedule(optimizer, config.scheduler)
-
-        processor = None
-        if config.preprocessor is not None:
-            processor = load_preprocessor(config.preprocessor.task, artifacts, trust_remote_code)
-        self.inputs = ModelInputs.for_job(
-            job, processor, artifacts, self.accelerator.device, self.ranks.index
-        )
-        self.data = SliceStream(
-            self.bridge, work_dir, config.data, slice_names(config), config.batch_size, self.ranks
-        )
-        self.batches = iter(self.data)
-        deepspeed = self.accelerator.state.deepspeed_plugin
-        if deepspeed is not None:
-            # accelerate takes DeepSpeed's micro batch from a dataloader, and there is none.
-            share = micro_batch_size or self.data.share.size
-            deepspeed.deepspeed_config["train_micro_batch_size_per_gpu"] = share
-        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
-        self.model.train()
-        self.step = MicroBatchedStep(
-            self.accelerator,
-            self.model,
-            self.optimizer,
-            self.ranks,
-            config.batch_size,
-            config.model.input_names,
+        super().__init__(
+            job,
+            lambda: BridgeClient(socket_path, work_dir),
+            work_dir,
             micro_batch_size,
-            self.say,
+            trust_remote_code,
         )
-
+        config = job.config
         # The one receive stream opens here, before anything is sent, and stays open.
         self.synchroniser = Synchroniser(
-            ModelWeights(self.accelerator, self.model, names),
+            self.weights,
             self.bridge,
             config.updates,
             config.results,
@@ -281,9 +215,6 @@ class Trainer:
         }
         return stats
 
-    def next_batch(self) -> Batch:
-        return self.inputs(next(self.batches))  # on the device, labels made there
-
     def report_round(self, round_number: int, stats: RoundStats) -> Done | None:
         """Rank 0: waits for every status answer (none may be pending at `update`), then
         sends the round's metrics. Done if the scheduler ended the job meanwhile."""
@@ -325,10 +256,6 @@ class Trainer:
             )
         answer = self.ranks.share(outcome.answer)
         return answer if isinstance(answer, Done) else Continue()
-
-    def say(self, message: str) -> None:
-        if self.ranks.is_main:
-            say(message)
 
 
 def peak_device_memory(device: torch.device) -> int | None:
@@ -392,6 +319,14 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
         "which upstream's parameter server expects)",
     )
     parser.add_argument(
+        "--bridge-generation",
+        choices=("auto", *GENERATIONS),
+        default=os.environ.get("HYPHA_BRIDGE_GENERATION") or "auto",
+        help="the Job Bridge's protocol: alpha17 (statuses), actions (the action protocol of "
+        "later Hypha releases) or auto (default: from the job, asking the bridge when the job "
+        "fits both)",
+    )
+    parser.add_argument(
         "--micro-batch-size",
         type=micro_batch_size,
         default=os.environ.get("HYPHA_MICRO_BATCH_SIZE", "auto"),
@@ -403,6 +338,33 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
     if arguments.job is None:
         raise UsageError("the job is missing: give --job, or set JOB_JSON")
     return arguments
+
+
+def bridge_generation(
+    source: str, choice: str, socket_path: Path
+) -> tuple[AnyJob, Generation, str]:
+    """The job as the chosen generation reads it, that generation, and why it was chosen.
+    Only a job both generations accept (an alpha.17 job, which action-era types read too) is
+    decided by the bridge: every rank asks it, with a body that reaches no scheduler."""
+    data = job_bytes(source)
+    if choice in GENERATIONS:
+        forced: Generation = "alpha17" if choice == "alpha17" else "actions"
+        job = parse_any_job_bytes(data, forced)
+        assert not isinstance(job, Ambiguous)
+        return job, forced, "as asked"
+    parsed = parse_any_job_bytes(data)
+    if isinstance(parsed, Job):
+        return parsed, "alpha17", "the job fits alpha.17 only"
+    if isinstance(parsed, ActionJob):
+        return parsed, "actions", "the job has no updates or results"
+    from hypha.accelerate_executor.action_bridge import probe_generation
+
+    probed = probe_generation(socket_path)
+    if probed == "actions":
+        return parsed.as_actions, "actions", "the job fits both; the bridge serves /action/update"
+    if probed == "alpha17":
+        return parsed.as_alpha17, "alpha17", "the job fits both; the bridge has no /action/update"
+    return parsed.as_alpha17, "alpha17", "the job names updates and results; the bridge did not say"
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
@@ -417,23 +379,32 @@ def _unexpected(exc: Exception) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from hypha.accelerate_executor.action_loop import ActionTrainer
+
     signal.signal(signal.SIGTERM, _on_sigterm)
     # DeepSpeed calls collectives that torch has deprecated, and the warning repeats every step.
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed")
 
     def body() -> int:
         arguments = parse_arguments(sys.argv[1:] if argv is None else argv)
-        job = parse_job(arguments.job)
+        job, generation, why = bridge_generation(
+            arguments.job, arguments.bridge_generation, arguments.socket
+        )
         if not arguments.work_dir.is_dir():
             raise JobSpecError(f"work dir {arguments.work_dir} does not exist")
-        Trainer(
-            job,
+        if os.environ.get("RANK", "0") == "0":
+            say(f"{PROG}: bridge generation {generation} ({why})")
+        settings = (
             arguments.socket,
             arguments.work_dir,
             arguments.pseudo_gradient_dtype,
             arguments.micro_batch_size,
             arguments.trust_remote_code,
-        ).run()
+        )
+        if isinstance(job, ActionJob):
+            ActionTrainer(job, *settings).run()
+        else:
+            Trainer(job, *settings).run()
         return EXIT_OK
 
     return run_main(PROG, body, _unexpected)

@@ -2,6 +2,8 @@
 //!
 //! stdin: one job per line, hex-encoded bytes (so that any bytes, newlines and invalid
 //! UTF-8 included, travel). stdout: one line per job, `accept` or `refuse<TAB>reason`.
+//! The one argument names the generation whose types judge: `alpha17` (the default) or
+//! `actions` (module `actions` below).
 //!
 //! The types below restate Hypha's `JobSpec` (crates/messages, snapshot 2025-11-21): the
 //! same field names, Rust types, serde attributes and `try_from` checks, so that serde,
@@ -334,12 +336,167 @@ fn unhex(line: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
-fn judge(bytes: &[u8]) -> Result<(), String> {
+fn judge(bytes: &[u8], actions: bool) -> Result<(), String> {
     let text = std::str::from_utf8(bytes).map_err(|e| format!("not UTF-8: {e}"))?;
-    serde_json::from_str::<JobSpec>(text).map(|_| ()).map_err(|e| e.to_string())
+    if actions {
+        serde_json::from_str::<actions::JobSpec>(text).map(|_| ()).map_err(|e| e.to_string())
+    } else {
+        serde_json::from_str::<JobSpec>(text).map(|_| ()).map_err(|e| e.to_string())
+    }
+}
+
+/// The action protocol's job types (crates/messages/src/lib.rs @3058282936): no `updates`
+/// or `results` in the train config, a data slice named by a u64 hash, and the `gymnasium`
+/// and `rl-trainer` executor classes. Everything else is alpha.17's, reused.
+mod actions {
+    use super::{Adam, Descriptor, ModelType, Nesterov, PeerId, PreprocessorType, Scheduler, Strategy};
+    use serde::Deserialize;
+
+    #[allow(dead_code)]
+    #[derive(Deserialize)]
+    pub struct JobSpec {
+        job_id: uuid::Uuid,
+        executor: Executor,
+    }
+
+    #[allow(dead_code)]
+    #[derive(Deserialize)]
+    #[serde(tag = "class", rename_all = "kebab-case")]
+    enum Executor {
+        Train(TrainExecutor),
+        Aggregate(AggregateExecutor),
+        Gymnasium(GymnasiumExecutor),
+        RlTrainer(RlTrainerExecutor),
+    }
+
+    #[allow(dead_code)]
+    #[derive(Deserialize)]
+    struct TrainExecutor {
+        descriptor: Descriptor,
+        config: TrainExecutorConfig,
+    }
+
+    #[allow(dead_code)]
+    #[derive(Deserialize)]
+    struct AggregateExecutor {
+        descriptor: Descriptor,
+        config: AggregateExecutorConfig,
+    }
+
+    #[allow(dead_code)]
+    #[derive(Deserialize)]
+    struct GymnasiumExecutor {
+        descriptor: Descriptor,
+        config: GymnasiumExecutorConfig,
+    }
+
+    #[allow(dead_code)]
+    #[derive(Deserialize)]
+    struct RlTrainerExecutor {
+        descriptor: Descriptor,
+        config: RlTrainerExecutorConfig,
+    }
+
+    #[allow(dead_code)]
+    #[derive(Deserialize)]
+    struct TrainExecutorConfig {
+        model: Model,
+        data: Fetch,
+        optimizer: Adam,
+        batch_size: u32,
+        preprocessor: Option<Preprocessor>,
+        scheduler: Option<Scheduler>,
+    }
+
+    #[allow(dead_code)]
+    #[derive(Deserialize)]
+    struct AggregateExecutorConfig {
+        optimizer: Nesterov,
+    }
+
+    #[allow(dead_code)]
+    #[derive(Deserialize)]
+    struct GymnasiumExecutorConfig {
+        model: Model,
+        environment: String,
+    }
+
+    #[allow(dead_code)]
+    #[derive(Deserialize)]
+    struct RlTrainerExecutorConfig {
+        model: Model,
+        optimizer: Adam,
+        batch_size: u32,
+        scheduler: Option<Scheduler>,
+    }
+
+    #[allow(dead_code)]
+    #[derive(Deserialize)]
+    #[serde(rename_all = "kebab-case")]
+    struct Model {
+        task: ModelType,
+        artifact: Fetch,
+        input_names: Vec<String>,
+    }
+
+    #[allow(dead_code)]
+    #[derive(Deserialize)]
+    #[serde(rename_all = "kebab-case")]
+    struct Preprocessor {
+        task: PreprocessorType,
+        artifact: Fetch,
+        input_names: Vec<String>,
+    }
+
+    #[allow(dead_code)]
+    #[derive(Deserialize)]
+    #[serde(tag = "type")]
+    enum Reference {
+        #[serde(rename = "uri")]
+        Uri { value: String },
+        #[serde(rename = "huggingface")]
+        HuggingFace {
+            repository: String,
+            revision: Option<String>,
+            filenames: Vec<String>,
+            token: Option<String>,
+        },
+        #[serde(rename = "peers")]
+        Peers {
+            peers: Vec<PeerId>,
+            strategy: Strategy,
+            resource: Option<DataSlice>,
+        },
+        #[serde(rename = "scheduler")]
+        Scheduler { peer: PeerId, dataset: String },
+    }
+
+    #[allow(dead_code)]
+    #[derive(Deserialize)]
+    struct DataSlice {
+        dataset: String,
+        hash: u64,
+    }
+
+    #[allow(dead_code)]
+    #[derive(Deserialize)]
+    #[serde(try_from = "Reference")]
+    struct Fetch(Reference);
+
+    impl TryFrom<Reference> for Fetch {
+        type Error = &'static str;
+        fn try_from(reference: Reference) -> Result<Self, Self::Error> {
+            Ok(Fetch(reference))
+        }
+    }
 }
 
 fn main() {
+    let actions = match std::env::args().nth(1).as_deref() {
+        None | Some("alpha17") => false,
+        Some("actions") => true,
+        Some(other) => panic!("unknown generation {other}: alpha17 or actions"),
+    };
     let stdin = io::stdin();
     let stdout = io::stdout();
     let mut out = io::BufWriter::new(stdout.lock());
@@ -347,7 +504,7 @@ fn main() {
         let line = line.expect("stdin is hex lines");
         let verdict = match unhex(&line) {
             None => "error\tline is not hex".to_string(),
-            Some(bytes) => match judge(&bytes) {
+            Some(bytes) => match judge(&bytes, actions) {
                 Ok(()) => "accept".to_string(),
                 Err(reason) => format!("refuse\t{}", reason.replace(['\n', '\t'], " ")),
             },

@@ -41,6 +41,10 @@ class BridgeBackend(Protocol):
 
     def status(self, progress: Any) -> dict[str, Any]: ...
 
+    def action(self, request: dict[str, Any]) -> dict[str, Any]:
+        """An ActionRequest answered with the scheduler's ActionResponse (action protocol)."""
+        ...
+
     def next_push(self, after: int, wait_s: float) -> Push | None:
         """The first push with seq > after, waiting up to wait_s; None if there is none yet."""
         ...

@@ -21,8 +21,8 @@ from pydantic import (
     TypeAdapter,
 )
 
-from hypha.accelerate_executor.job import REFERENCE, Reference
-from hypha.accelerate_executor.serde import Default, Str, Struct, Tagged
+from hypha.accelerate_executor.job import ACTION_REFERENCE, REFERENCE, Reference
+from hypha.accelerate_executor.serde import Bool, Default, Integer, Str, Struct, Tagged
 
 # Read straight from the body, not buffered by an enclosing tagged enum: string tags only.
 BODY_REFERENCE = Tagged(REFERENCE.tag, REFERENCE.variants, index_tags=False)
@@ -30,6 +30,17 @@ SEND_REQUEST = Struct({"resource": BODY_REFERENCE, "path": Str()})
 RECEIVE_REQUEST = Struct({"resource": BODY_REFERENCE, "path": Default(Str())})
 
 U32 = Annotated[StrictInt, Field(ge=0, le=2**32 - 1)]
+
+# The action-era bridge (bridge.rs @3058282936): send is synchronous and requires
+# `remove_file`; receive waits for one file until `timeout`, an absolute SystemTime.
+ACTION_BODY_REFERENCE = Tagged(ACTION_REFERENCE.tag, ACTION_REFERENCE.variants, index_tags=False)
+SYSTEM_TIME = Struct({"secs_since_epoch": Integer("u64"), "nanos_since_epoch": Integer("u32")})
+ACTION_SEND_REQUEST = Struct(
+    {"resource": ACTION_BODY_REFERENCE, "path": Str(), "remove_file": Bool()}
+)
+ACTION_RECEIVE_REQUEST = Struct(
+    {"resource": ACTION_BODY_REFERENCE, "path": Default(Str()), "timeout": Default(SYSTEM_TIME)}
+)
 
 
 class Shape(BaseModel):
@@ -207,3 +218,48 @@ def openapi_document() -> dict[str, Any]:
         "paths": paths,
         "components": {"schemas": components},
     }
+
+
+# The action protocol's ActionRequest for a train executor (crates/messages @3058282936):
+# `{"job_id", "status": {"executor": "train", "details": {"state": ..., fields}}}`.
+
+
+class UnitState(Shape):
+    state: Literal[
+        "joined", "idle", "applied-update", "pushed-to-hub", "sent-model", "received-model",
+        "waited-for-model", "terminated",
+    ]  # fmt: skip
+
+
+class BatchCompletedState(Shape):
+    state: Literal["batch-completed"]
+    batch_size: U32
+    batches: U32
+
+
+class SentUpdateState(Shape):
+    state: Literal["sent-update"]
+    round: U32
+    metrics: dict[StrictStr, StrictFloat | StrictInt]
+
+
+class ErrorState(Shape):
+    state: Literal["error"]
+    type: Literal["connection", "other"]
+    message: StrictStr
+
+
+class TrainStatusBody(Shape):
+    executor: Literal["train"]
+    details: Annotated[
+        UnitState | BatchCompletedState | SentUpdateState | ErrorState,
+        Field(discriminator="state"),
+    ]
+
+
+class ActionRequestBody(Shape):
+    job_id: StrictStr
+    status: TrainStatusBody
+
+
+ACTION_REQUEST: TypeAdapter[ActionRequestBody] = TypeAdapter(ActionRequestBody)

@@ -7,6 +7,14 @@ on an open stream, and every file written in place as Rust's `File::create` does
 change under it). The HTTP face is bridge_http.py, and bridge_server.py serves the two on the
 socket; what lies beyond the bridge (scheduler, data, models, peers) is a `BridgeBackend`
 (backend.py).
+
+`generation="actions"` plays an action-era worker's bridge instead (docs/protocol-actions.md
+section 2): `/action/update` in place of `/status/send`, a send that answers once every
+target has the bytes and deletes the file when asked (`remove_file`), and a receive that
+waits for one push until its deadline (204 when none came). A deadline already past sets no
+timer at all, as upstream's: such a receive waits until the job ends. A push that arrives
+while no receive is open waits for the next one (whether upstream's connector keeps it is an
+open question, docs/protocol-actions.md).
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import os
 import queue
 import random
 import threading
+import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path, PurePosixPath
@@ -23,6 +32,7 @@ from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
 from hypha.accelerate_executor.errors import BackendError, BridgeRefusal, ErrorKind
+from hypha.accelerate_executor.job import Generation
 from hypha.accelerate_executor.local import bridge_bodies
 from hypha.accelerate_executor.local.backend import BridgeBackend, Push
 from hypha.accelerate_executor.local.console import warn
@@ -58,7 +68,13 @@ class JobBridge:
         owner: tuple[int, int] | None = None,
         keepalive_s: float = 5.0,
         name: str = "bridge",
+        generation: Generation = "alpha17",
+        job_id: str | None = None,
     ) -> None:
+        """`job_id`: the job an action-era bridge serves; requests for another are refused."""
+        self.generation: Generation = generation
+        self.job_id = job_id
+        self._inbox: queue.Queue[Push] = queue.Queue()  # action-era pushes not yet received
         self.work_dir = Path(work_dir)
         self.backend = backend
         self.owner = owner if owner is not None and os.geteuid() == 0 else None
@@ -184,6 +200,79 @@ class JobBridge:
             self._stream = None
         self._stream_ended.set()
 
+    def action(self, request: dict[str, Any]) -> dict[str, Any]:
+        """`request`: an ActionRequest (bridge_bodies.ACTION_REQUEST) as JSON."""
+        if self.job_id is not None and request.get("job_id") != self.job_id:
+            raise invalid_request("the action request is for another job")
+        try:
+            return self.backend.action(request)
+        except BackendError as exc:
+            raise server_error("network_error", exc.detail) from None
+
+    def send_now(self, request: dict[str, Any]) -> None:
+        """The action-era send: every target gets the bytes before the answer; then the file
+        is deleted when `remove_file`. `request`: bridge_bodies.ACTION_SEND_REQUEST."""
+        resource, relative = request["resource"], request["path"]
+        if resource["type"] != "peers":
+            raise invalid_request("send takes a peers reference")
+        peers, strategy = resource["peers"], resource["strategy"]["type"]
+        if not peers:
+            raise invalid_request("send needs at least one peer")
+        path = self._relative(relative)
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise server_error("io_error", f"cannot read {relative}: {exc.strerror}") from None
+        targets = (
+            list(peers)
+            if strategy == "All"
+            else peers[:1]
+            if strategy == "One"
+            else [random.choice(peers)]
+        )
+        try:
+            for peer in targets:
+                self.backend.send(peer, data)
+        except BackendError as exc:
+            raise server_error("network_error", exc.detail) from None
+        if request["remove_file"]:
+            path.unlink(missing_ok=True)
+
+    def receive_one(self, request: dict[str, Any]) -> dict[str, Any] | None:
+        """The action-era receive: the first push from the peers (any, for none named) until
+        the deadline, written to `<path>/<peer>`; None when none came (204).
+        `request`: bridge_bodies.ACTION_RECEIVE_REQUEST."""
+        resource = request["resource"]
+        if resource["type"] != "peers":
+            raise invalid_request("receive takes a peers reference")
+        if resource["strategy"]["type"] != "All":
+            raise invalid_request(f"receive needs strategy All, not {resource['strategy']['type']}")
+        directory = self._relative(request.get("path", DEFAULT_RECEIVE_DIR))
+        allowed = set(resource["peers"])
+        timeout = request.get("timeout")
+        deadline = None
+        if timeout is not None:
+            deadline = timeout["secs_since_epoch"] + timeout["nanos_since_epoch"] / 1e9
+            if deadline == time.time():
+                return None
+            if deadline < time.time():
+                deadline = None  # upstream: a deadline in the past sets no timer at all
+        while not self._stopping.is_set():
+            wait = PUSH_POLL_S if deadline is None else min(PUSH_POLL_S, deadline - time.time())
+            if wait <= 0:
+                return None
+            try:
+                push = self._inbox.get(timeout=wait)
+            except queue.Empty:
+                continue
+            if allowed and push.from_peer not in allowed:
+                self.log(f"dropped a push from {push.from_peer}, which this receive does not allow")
+                continue
+            rel = f"{directory.relative_to(self._real_work_dir).as_posix()}/{push.from_peer}"
+            size = self._write(self._relative(rel), partial(_write_bytes, push.data))
+            return {"path": rel, "size": size, "from_peer": push.from_peer}
+        return None
+
     def status(self, progress: Any) -> dict[str, Any]:
         try:
             return self.backend.status(bridge_bodies.PROGRESS.dump_python(progress, mode="json"))
@@ -277,6 +366,9 @@ class JobBridge:
         if push.from_peer in ("", ".", "..") or "/" in push.from_peer:
             self.log(f"dropped a push from an unusable peer id {push.from_peer!r}")
             return
+        if self.generation == "actions":
+            self._inbox.put(push)  # a receive (receive_one) takes it
+            return
         with self._lock:
             rel = f"{self._receive_dir}/{push.from_peer}"
 
@@ -292,3 +384,7 @@ class JobBridge:
             stream, peers = self._stream, self._stream_peers
         if stream is not None and (not peers or push.from_peer in peers):
             stream.put({"path": rel, "size": size, "from_peer": push.from_peer})
+
+
+def _write_bytes(data: bytes, out: BinaryIO) -> None:
+    out.write(data)

@@ -33,7 +33,8 @@ class UnixHTTPServer(TracksConnections, socketserver.ThreadingMixIn, socketserve
         self.log_name = bridge.name
 
 
-_POST_ROUTES = ("/resources/fetch", "/resources/send", "/resources/receive", "/status/send")
+_ALPHA17_ROUTES = ("/resources/fetch", "/resources/send", "/resources/receive", "/status/send")
+_ACTION_ROUTES = ("/resources/fetch", "/resources/send", "/resources/receive", "/action/update")
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -56,20 +57,24 @@ class _Handler(BaseHTTPRequestHandler):
     def bridge(self) -> JobBridge:
         return self.server.bridge
 
+    @property
+    def routes(self) -> tuple[str, ...]:
+        return _ACTION_ROUTES if self.bridge.generation == "actions" else _ALPHA17_ROUTES
+
     def do_GET(self) -> None:
         path = urlsplit(self.path).path
         if path == "/openapi.json":
             self._reply(
                 200, json.dumps(bridge_bodies.openapi_document()).encode(), "application/json"
             )
-        elif path in _POST_ROUTES:
+        elif path in self.routes:
             self._reply(405, b"", None, allow="POST")
         else:
             self._reply(404, b"", None)
 
     def do_POST(self) -> None:
         path = urlsplit(self.path).path
-        if path not in _POST_ROUTES:
+        if path not in self.routes:
             if path == "/openapi.json":
                 self._reply(405, b"", None, allow="GET")
             else:
@@ -82,13 +87,28 @@ class _Handler(BaseHTTPRequestHandler):
                 self._reply(
                     200, json.dumps(self.bridge.fetch(reference)).encode(), "application/json"
                 )
+            elif path == "/resources/send" and self.bridge.generation == "actions":
+                self.bridge.send_now(deserialized(bridge_bodies.ACTION_SEND_REQUEST, raw))
+                self._reply(200, b"", None)
             elif path == "/resources/send":
                 self.bridge.send(deserialized(bridge_bodies.SEND_REQUEST, raw))
                 self._reply(200, b"", None)
+            elif path == "/resources/receive" and self.bridge.generation == "actions":
+                received = self.bridge.receive_one(
+                    deserialized(bridge_bodies.ACTION_RECEIVE_REQUEST, raw)
+                )
+                if received is None:
+                    self._reply(204, b"", None)
+                else:
+                    self._reply(200, json.dumps(received).encode(), "application/json")
             elif path == "/resources/receive":
                 self._stream(
                     self.bridge.open_stream(deserialized(bridge_bodies.RECEIVE_REQUEST, raw))
                 )
+            elif path == "/action/update":
+                request = shaped(bridge_bodies.ACTION_REQUEST, raw)
+                answer = self.bridge.action(request.model_dump(mode="json"))
+                self._reply(200, json.dumps(answer).encode(), "application/json")
             else:
                 answer = self.bridge.status(shaped(bridge_bodies.PROGRESS, raw))
                 self._reply(200, json.dumps(answer).encode(), "application/json")
@@ -96,7 +116,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(exc.status, exc.body, exc.content_type)
 
     def do_PUT(self) -> None:
-        self._reply(405 if self.path in _POST_ROUTES else 404, b"", None)
+        self._reply(405 if self.path in self.routes else 404, b"", None)
 
     do_DELETE = do_PATCH = do_PUT
 

@@ -58,6 +58,13 @@ def _run_options_parser() -> OneLineArgumentParser:
         "remote code, an image processor, 1000-sample slices, batch 600)",
     )
     run.add_argument("--workers", type=int, default=2, help="number of workers (default 2)")
+    run.add_argument(
+        "--generation",
+        choices=["alpha17", "actions"],
+        default=os.environ.get("HYPHA_LOCAL_GENERATION") or "alpha17",
+        help="the Hypha side to play: alpha17 (statuses, default) or actions (the action "
+        "protocol of later releases); the workers follow the coordinator's jobs",
+    )
     run.add_argument("--rounds", type=_count_or_unset, help="DiLoCo rounds (causal-lm 4, lenet 6)")
     run.add_argument(
         "--steps-per-round",
@@ -217,6 +224,7 @@ def _with_run_options(args: argparse.Namespace) -> int:
         "warmup_steps": args.warmup_steps,
         "outer_learning_rate": args.outer_lr,
         "outer_momentum": args.outer_momentum,
+        "generation": args.generation,
     }
     options = RunOptions.for_job(
         args.job, **{name: value for name, value in given.items() if value is not None}

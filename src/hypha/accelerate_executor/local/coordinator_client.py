@@ -174,6 +174,10 @@ class JobBackend:
         answer: dict[str, Any] = self.client.call("POST", f"{self._prefix}/status", progress)
         return answer
 
+    def action(self, request: dict[str, Any]) -> dict[str, Any]:
+        answer: dict[str, Any] = self.client.call("POST", f"{self._prefix}/action", request)
+        return answer
+
     def next_push(self, after: int, wait_s: float) -> Push | None:
         path = f"{self._prefix}/pushes?after={after}&wait={wait_s}"
         with self.client.request("GET", path, timeout_s=wait_s + self.client.timeout_s) as response:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from hypha.accelerate_executor.errors import BackendError, CoordinatorRefusal, ProgressError
+from hypha.accelerate_executor.local.action_scheduler import ActionScheduler
 from hypha.accelerate_executor.local.aggregation import Aggregation
 from hypha.accelerate_executor.local.backend import ERROR_KINDS, Push, RemoteFile
 from hypha.accelerate_executor.local.console import say, warn
@@ -47,11 +48,20 @@ class CoordinatorCore:
         self.started_at = time.time()
         self.cancelled: str | None = None
         self.workers: dict[str, WorkerRecord] = {}  # by job id
-        self.data = DataService(catalog, self.scheduler_peer)
+        actions = options.generation == "actions"
+        self.data = DataService(catalog, self.scheduler_peer, compressed=actions)
         self.scheduler = BatchScheduler(options.target_samples, options.rounds, clock)
+        # The action-era scheduler (docs/protocol-actions.md section 4), when played.
+        self.actions: ActionScheduler | None = None
+        if actions:
+            self.actions = ActionScheduler(
+                options.target_samples, options.rounds, self.parameter_server_peer, clock
+            )
         self._cond = threading.Condition()
         self.aggregation = Aggregation(
-            NesterovOuterOptimizer(options.outer_learning_rate, options.outer_momentum),
+            NesterovOuterOptimizer(
+                options.outer_learning_rate, options.outer_momentum, weighted=actions
+            ),
             self.parameter_server_peer,
             self._cond,
             senders=self._senders,
@@ -97,6 +107,8 @@ class CoordinatorCore:
             record = WorkerRecord(worker_name, new_peer_id(), str(uuid.uuid4()), time.time())
             self.workers[record.job_id] = record
             self.scheduler.add_worker(record.peer_id, self.options.batch_size)
+            if self.actions is not None:
+                self.actions.add_worker(record.peer_id, self.options.batch_size)
         say(
             self.name,
             f"job {record.job_id} -> {worker_name} ({len(self.workers)}/{self.options.workers})",
@@ -193,6 +205,24 @@ class CoordinatorCore:
             return {"type": "Ok"}
         raise CoordinatorRefusal(400, "invalid_request", "unknown progress message")
 
+    def action(self, job_id: str, request: dict[str, Any]) -> dict[str, Any]:
+        """An ActionRequest of the job's executor, answered as the action-era scheduler does."""
+        with self._cond:
+            record = self._record(job_id)
+            if self.actions is None:
+                raise CoordinatorRefusal(404, "connector_error", "this run plays alpha.17")
+            if request.get("job_id") != job_id:
+                raise CoordinatorRefusal(400, "invalid_request", "the request is for another job")
+            details = request["status"]["details"]
+            if details["state"] == "sent-update":
+                metrics = {key: float(value) for key, value in details["metrics"].items()}
+                record.metrics[int(details["round"])] = metrics
+                self._print_rounds()
+            elif details["state"] == "error":
+                warn(self.name, f"{record.name} reports {details['type']}: {details['message']}")
+            action = self.actions.answer(record.peer_id, details)
+            return {"job_id": job_id, "next": {"executor": "train", "action": action}}
+
     def _violation(self, record: WorkerRecord, what: str) -> None:
         record.violations.append(what)
         warn(self.name, f"{record.name} broke the protocol: {what}")
@@ -242,6 +272,8 @@ class CoordinatorCore:
             if worker.exit_code is None:
                 worker.round.aggregated_at = now
         self.scheduler.updated()
+        if self.actions is not None:
+            self.actions.broadcasted()
         if aggregation["skipped_tensors"]:
             skipped = ", ".join(aggregation["skipped_tensors"])
             warn(self.name, f"round {aggregation['round']}: left out {skipped}")
@@ -258,6 +290,8 @@ class CoordinatorCore:
             record.leaks = list(leaks)
             # A worker that is gone no longer holds up the round, nor counts in projections.
             self.scheduler.remove_worker(record.peer_id)
+            if self.actions is not None:
+                self.actions.remove_worker(record.peer_id)
             self.data.slices.forget(record.peer_id)
             self.aggregation.maybe_start()
             self._print_rounds()
@@ -350,3 +384,7 @@ class InProcessBackend:
     def next_push(self, after: int, wait_s: float) -> Push | None:
         with _as_backend_error():
             return self._coordinator.next_push(self._job_id, after, wait_s)
+
+    def action(self, request: dict[str, Any]) -> dict[str, Any]:
+        with _as_backend_error():
+            return self._coordinator.action(self._job_id, request)

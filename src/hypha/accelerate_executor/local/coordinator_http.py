@@ -7,6 +7,7 @@ the workers' bridges call (coordinator_client.py). Thin: every route is a Coordi
     POST /jobs/ID/fetch      <reference>       {"files": [{"name", "blob"}]}
     GET  /blobs/BLOB                          the file's bytes
     POST /jobs/ID/status     <progress>        the scheduler's answer
+    POST /jobs/ID/action     <ActionRequest>   the scheduler's ActionResponse (action protocol)
     POST /jobs/ID/push?peer=P <bytes>          {} (a file for peer P: the parameter server)
     GET  /jobs/ID/pushes?after=N&wait=S       200 the next file pushed to the job
                                               (X-Seq, X-From-Peer), or 204
@@ -95,6 +96,8 @@ class _Handler(BaseHTTPRequestHandler):
                     self._file(coordinator.blob_path(blob))
                 case "POST", ["jobs", job_id, "status"]:
                     self._json(coordinator.status(job_id, _object(body)))
+                case "POST", ["jobs", job_id, "action"]:
+                    self._json(coordinator.action(job_id, _object(body)))
                 case "POST", ["jobs", job_id, "push"]:
                     coordinator.push(job_id, query.get("peer", ""), body)
                     self._json({})

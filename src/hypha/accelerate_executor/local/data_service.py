@@ -5,6 +5,10 @@ references get the next data slice as Hypha's slice tracker (upstream `tracker/s
 hands them out: each worker keeps the slices it had before, so when the data set comes
 round again the same index goes to the same worker, and the worker's bridge rewrites
 `artifacts/<index>` in place.
+
+An action-era data node (`compressed=True`) serves each slice as one raw Snappy block of
+its safetensors file under the name `<hash>`: the first 8 bytes of the BLAKE3 hash of the
+served bytes, as a little-endian u64 (crates/data/src/hash.rs), in decimal.
 """
 
 from __future__ import annotations
@@ -93,9 +97,11 @@ class DataService:
     """Resolves a reference into named files, each behind an opaque blob id. Not
     thread-safe: the coordinator calls it under its lock."""
 
-    def __init__(self, catalog: Catalog, scheduler_peer: str) -> None:
+    def __init__(self, catalog: Catalog, scheduler_peer: str, compressed: bool = False) -> None:
         self.catalog = catalog
         self.scheduler_peer = scheduler_peer
+        self.compressed = compressed
+        self._hashed: dict[int, tuple[str, Path]] = {}  # index -> hash name, compressed file
         indices = sorted(
             int(path.stem)
             for path in catalog.dataset_dir.glob("*.safetensors")
@@ -124,7 +130,11 @@ class DataService:
                     f"the scheduler has no data set {reference.get('dataset')!r}",
                 )
             index = self.slices.next(peer)
-            return [self._blob(str(index), catalog.dataset_dir / f"{index}.safetensors")], index
+            path = catalog.dataset_dir / f"{index}.safetensors"
+            if self.compressed:
+                name, path = self._compressed(index, path)
+                return [self._blob(name, path)], index
+            return [self._blob(str(index), path)], index
         if kind == "huggingface":
             name = str(reference.get("repository"))
             repository = _inside(catalog.models_dir, name)
@@ -137,6 +147,25 @@ class DataService:
             path = _inside(catalog.models_dir / "uri", unquote(file))
             return [self._blob(file, path, f"nothing is served at {reference.get('value')}")], None
         raise CoordinatorRefusal(400, "invalid_request", f"cannot fetch a {kind} reference")
+
+    def _compressed(self, index: int, path: Path) -> tuple[str, Path]:
+        """The slice as an action-era data node serves it (made once, beside the data set)."""
+        if index not in self._hashed:
+            import blake3
+            import cramjam
+
+            try:
+                data = bytes(cramjam.snappy.compress_raw(path.read_bytes()))
+            except OSError:
+                raise CoordinatorRefusal(
+                    404, "connector_error", f"{path.name} is missing"
+                ) from None
+            name = str(int.from_bytes(blake3.blake3(data).digest()[:8], "little"))
+            folder = self.catalog.dataset_dir.with_name(self.catalog.dataset_dir.name + "-snappy")
+            folder.mkdir(exist_ok=True)
+            (folder / name).write_bytes(data)
+            self._hashed[index] = (name, folder / name)
+        return self._hashed[index]
 
     def blob_path(self, blob: str) -> Path:
         path = self._blobs.get(blob)

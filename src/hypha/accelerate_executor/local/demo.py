@@ -84,6 +84,7 @@ def run_demo(
         "demo",
         f"coordinator at {coordinator.url}: {options.job} job, {options.workers} workers x "
         f"{options.rounds} rounds of {options.target_samples} samples (batch {options.batch_size}), "
+        f"{options.generation} bridges, "
         f"executor: {executor.cmd} {' '.join(executor.args[:2])} ...",
     )
     client = CoordinatorClient(coordinator.url)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal, get_args
 
 from hypha.accelerate_executor.errors import UsageError
+from hypha.accelerate_executor.job import GENERATIONS, Generation
 from hypha.accelerate_executor.local.assets import AssetKind, AssetSpec, MaskedLmSpec
 from hypha.accelerate_executor.local.data_service import Catalog
 from hypha.accelerate_executor.local.lenet import LeNetSpec
@@ -48,6 +49,9 @@ class RunOptions:
     warmup_steps: int = 10
     outer_learning_rate: float = 0.7
     outer_momentum: float = 0.9
+    # The bridge generation the cluster plays: alpha.17's statuses (protocol.md) or the
+    # action protocol of later Hypha releases (docs/protocol-actions.md).
+    generation: Generation = "alpha17"
 
     def __post_init__(self) -> None:
         for name in ("workers", "rounds", "steps_per_round", "batch_size"):
@@ -59,6 +63,8 @@ class RunOptions:
             raise UsageError("warmup-steps must not be negative")
         if self.learning_rate <= 0 or self.outer_learning_rate <= 0:
             raise UsageError("learning rates must be positive")
+        if self.generation not in GENERATIONS:
+            raise UsageError(f"generation must be one of {', '.join(GENERATIONS)}")
         if self.job not in JOB_KINDS:
             raise UsageError(f"job must be one of {', '.join(JOB_KINDS)}, not {self.job!r}")
 
@@ -129,8 +135,6 @@ def job_spec(
             "input-names": ["pixel_values", "labels"] if lenet else ["input_ids", "labels"],
         },
         "data": {"type": "scheduler", "peer": scheduler_peer, "dataset": catalog.dataset_name},
-        "updates": peers,
-        "results": dict(peers),
         "optimizer": {
             "learning-rate": options.learning_rate,
             "betas": list(options.betas) if options.betas is not None else None,
@@ -138,6 +142,14 @@ def job_spec(
         },
         "batch_size": options.batch_size,
     }
+    if options.generation == "alpha17":  # the action protocol names them in its actions
+        config = {
+            "model": config["model"],
+            "data": config["data"],
+            "updates": peers,
+            "results": dict(peers),
+            **{key: value for key, value in config.items() if key not in ("model", "data")},
+        }
     if options.job == "bert-mlm":
         # What a user writes after reading upstream's data docs: the slices' tensors; the
         # labels come from the task (the tokenizer in the artifact gives the mask token).

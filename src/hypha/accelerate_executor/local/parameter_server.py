@@ -1,4 +1,6 @@
-"""The parameter server's math: the true mean of the workers' pseudo-gradients, then Nesterov.
+"""The parameter server's math: the true mean of the workers' pseudo-gradients (alpha.17), or
+their sum (the action protocol: the scheduler weights each by its share of the round's
+samples), then Nesterov.
 
 Upstream averages pairwise, which is the mean only for two workers; this computes the
 true mean over any number. Math runs in fp32 and the update keeps the pseudo-gradients'
@@ -41,12 +43,21 @@ class NesterovOuterOptimizer:
     learning_rate: float = 0.7
     momentum: float = 0.9
     buffers: dict[str, torch.Tensor] = field(default_factory=dict)
+    # True: the pseudo-gradients come weighted (the action protocol's send-update{weight})
+    # and are summed; False: alpha.17's, averaged.
+    weighted: bool = False
 
     def step(
         self, pseudo_gradients: list[dict[str, torch.Tensor]]
     ) -> tuple[dict[str, torch.Tensor], list[str]]:
         """The update for one round, and the names it had to leave out (with why)."""
         mean, skipped = true_mean(pseudo_gradients)
+        if self.weighted:
+            count = len(pseudo_gradients)
+            mean = {
+                name: tensor * count if tensor.is_floating_point() else tensor
+                for name, tensor in mean.items()
+            }
         update = {}
         for name, gradient in mean.items():
             dtype = pseudo_gradients[0][name].dtype

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hypha.accelerate_executor.errors import BackendError, CoordinatorError, WorkerError
+from hypha.accelerate_executor.job import Generation
 from hypha.accelerate_executor.local.backend import BridgeBackend
 from hypha.accelerate_executor.local.bridge_server import BridgeServer
 from hypha.accelerate_executor.local.console import say, warn
@@ -62,7 +63,12 @@ class LocalWorker:
         keepalive_s: float = 5.0,
         kill_after_s: float = HYPHA_WORKER_KILL_AFTER_S,
         env: dict[str, str] | None = None,
+        generation: Generation | None = None,
     ) -> None:
+        """`generation`: the bridge this worker serves, as a Hypha release's worker does
+        (alpha.17's, or the action protocol's of later releases); None: the one the
+        coordinator plays, as its job shows (an action-era job names no `updates`)."""
+        self.generation = generation
         self.name = name
         self.executor = executor
         self.work_base = Path(work_base)
@@ -86,6 +92,8 @@ class LocalWorker:
                 owner=self.owner,
                 keepalive_s=self.keepalive_s,
                 name=f"{self.name} bridge",
+                generation=self.generation or _generation_of(job_json),
+                job_id=str(json.loads(job_json)["job_id"]),
             )
             try:
                 bridge.start()
@@ -204,3 +212,8 @@ def _follow_cancellation(
             say(worker.name, f"job cancelled by the coordinator: {state.get('reason')}")
             worker.cancel()
             return
+
+
+def _generation_of(job_json: str) -> Generation:
+    config = json.loads(job_json)["executor"]["config"]
+    return "alpha17" if "updates" in config else "actions"

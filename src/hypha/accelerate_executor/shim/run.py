@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 from hypha.accelerate_executor.entry import OneLineArgumentParser, run_main, say_error
 from hypha.accelerate_executor.errors import ShimError
-from hypha.accelerate_executor.job import job_bytes, parse_job_bytes
+from hypha.accelerate_executor.job import Ambiguous, job_bytes, parse_any_job_bytes
 from hypha.accelerate_executor.shim.accelerators import (
     ROCM_DEVICES,
     require_nvidia_runtime,
@@ -190,7 +190,9 @@ def run(args: argparse.Namespace, interrupts: Interrupts) -> int:
     if args.job is None:
         raise ShimError("the job is missing: give --job, or set JOB_JSON")
     data = job_bytes(args.job)
-    job = parse_job_bytes(data)
+    # Either generation's job (the executor in the container tells which the bridge speaks).
+    job = parse_any_job_bytes(data)
+    job_id = job.as_alpha17.job_id if isinstance(job, Ambiguous) else job.job_id
     uid, gid = _owner(work_dir, args.user)
     job_path = write_job_file(work_dir, data, uid, gid)
     command = launcher_args(
@@ -203,7 +205,7 @@ def run(args: argparse.Namespace, interrupts: Interrupts) -> int:
         env["OMP_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"]
     if args.variant == HOST_VARIANT:
         return run_bundle(args.bundle, command, env, interrupts)
-    return _run_container(args, job.job_id, work_dir, (uid, gid), command, env, interrupts)
+    return _run_container(args, job_id, work_dir, (uid, gid), command, env, interrupts)
 
 
 def _run_container(

@@ -1,0 +1,269 @@
+"""The action protocol end to end: the executor as a real process against the stand-in's
+action-era bridge on a real Unix socket, both with the stand-in's scheduler (a real 2-worker
+job whose loss falls) and with a scripted one for the sharp edges of
+docs/protocol-actions.md: `execute-batch{0}`, a straggler's `apply-update` without a send,
+a receive whose deadline has passed, SIGTERM in the middle of a long `idle`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load, save
+
+from hypha.accelerate_executor.action_bridge import ActionBridgeClient, probe_generation
+from hypha.accelerate_executor.actions import (
+    ExecuteBatch,
+    batch_completed,
+    parse_action_response,
+    system_time,
+)
+from hypha.accelerate_executor.diloco import GlobalWeights
+from hypha.accelerate_executor.errors import BridgeError
+from hypha.accelerate_executor.job import ActionPeersReference
+from hypha.accelerate_executor.local.action_scheduler import peers
+from hypha.accelerate_executor.local.assets import ensure_assets
+from hypha.accelerate_executor.local.backend import Push
+from hypha.accelerate_executor.local.bridge_server import BridgeServer
+from hypha.accelerate_executor.local.coordinator import Catalog, Coordinator, RunOptions
+from hypha.accelerate_executor.local.coordinator_core import InProcessBackend
+from hypha.accelerate_executor.local.demo import run_demo
+from hypha.accelerate_executor.local.executor_entries import preset
+
+EXECUTOR = [sys.executable, "-m", "hypha.accelerate_executor.training"]
+PS = "12D3KooWJ6MBkbH3o7j2yhhDAF7gRxA4Zm5cpuEUr2Znp1VvNBw3"
+JOB_ID = "0b7f3c52-9a1e-4c55-8d2a-3f6e1b9d4a10"
+
+
+@pytest.fixture(scope="module")
+def assets_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("assets")
+    ensure_assets(path)
+    return path
+
+
+# Messages.
+
+
+def test_the_older_forms_of_execute_batch_are_one_batch() -> None:
+    def answer(action: dict[str, Any]) -> Any:
+        return parse_action_response(
+            {"job_id": JOB_ID, "next": {"executor": "train", "action": action}}, JOB_ID
+        )
+
+    assert answer({"kind": "execute-batch", "batches": 0}) == ExecuteBatch(0)
+    assert answer({"kind": "execute-batch"}) == ExecuteBatch(1)
+    assert answer({"kind": "execute-batch", "lr_multiplier": 0.5}) == ExecuteBatch(1, 0.5)
+    assert batch_completed(8, 0).wire(JOB_ID)["status"]["details"] == {
+        "state": "batch-completed",
+        "batch_size": 8,
+        "batches": 0,
+    }
+
+
+def test_a_weighted_pseudo_gradient_scales_floats_and_leaves_counters(tmp_path: Path) -> None:
+    start = {"w": torch.zeros(3), "n": torch.tensor([2], dtype=torch.int64)}
+    local = {"w": torch.tensor([1.0, 2.0, 4.0]), "n": torch.tensor([5], dtype=torch.int64)}
+    weights = GlobalWeights(start)
+    weights.write_pseudo_gradient(local, tmp_path / "u.safetensors", torch.float32, 0.25)
+    sent = load((tmp_path / "u.safetensors").read_bytes())
+    assert torch.equal(sent["w"], torch.tensor([0.25, 0.5, 1.0]))
+    assert torch.equal(sent["n"], torch.tensor([3]))
+
+
+# The bridge, on a real socket.
+
+
+class ScriptedBackend(InProcessBackend):
+    """A real coordinator's model store and data node behind the bridge, with a scripted
+    scheduler: `script(status)` answers each status; pushes to the job come from `pushes`;
+    what the executor sends is kept in `sent`."""
+
+    def __init__(self, coordinator: Coordinator, job_id: str, script: Any) -> None:
+        super().__init__(coordinator, job_id)
+        self.script = script
+        self.statuses: list[dict[str, Any]] = []
+        self.sent: list[tuple[str, bytes]] = []
+        self.pushes: list[Push] = []
+        self._lock = threading.Condition()
+
+    def action(self, request: dict[str, Any]) -> dict[str, Any]:
+        details = request["status"]["details"]
+        with self._lock:
+            self.statuses.append(details)
+        return {
+            "job_id": request["job_id"],
+            "next": {"executor": "train", "action": self.script(details)},
+        }
+
+    def send(self, peer: str, data: bytes) -> None:
+        self.sent.append((peer, data))
+
+    def next_push(self, after: int, wait_s: float) -> Push | None:
+        with self._lock:
+            ready = [push for push in self.pushes if push.seq > after]
+            if not ready:
+                self._lock.wait(wait_s)
+                ready = [push for push in self.pushes if push.seq > after]
+            return ready[0] if ready else None
+
+    def push(self, data: bytes) -> None:
+        with self._lock:
+            self.pushes.append(Push(len(self.pushes) + 1, PS, data))
+            self._lock.notify_all()
+
+
+@contextmanager
+def action_bridge(
+    assets_dir: Path, work_dir: Path, script: Any
+) -> Iterator[tuple[str, BridgeServer, ScriptedBackend]]:
+    options = RunOptions(workers=1, rounds=50, generation="actions")
+    coordinator = Coordinator(Catalog.from_assets(ensure_assets(assets_dir)), options)
+    job_json = json.dumps(coordinator.assign_job("w1"))
+    job_id = json.loads(job_json)["job_id"]
+    backend = ScriptedBackend(coordinator, job_id, script)
+    work_dir.mkdir()
+    bridge = BridgeServer(work_dir, backend, generation="actions", job_id=job_id)
+    bridge.start()
+    try:
+        yield job_json, bridge, backend
+    finally:
+        bridge.stop()
+
+
+def later(seconds: float) -> dict[str, int]:
+    return system_time(time.time() + seconds)
+
+
+def test_the_probe_and_the_action_era_routes(assets_dir: Path, short_tmp: Path) -> None:
+    def script(details: dict[str, Any]) -> dict[str, Any]:
+        return {"kind": "idle", "timeout": later(0)}
+
+    with action_bridge(assets_dir, short_tmp / "work", script) as (job_json, bridge, backend):
+        assert probe_generation(bridge.socket_path) == "actions"
+        client = ActionBridgeClient(
+            bridge.socket_path, bridge.work_dir, json.loads(job_json)["job_id"]
+        )
+        target = ActionPeersReference.model_validate(peers([PS], "All"))
+        (bridge.work_dir / "update.safetensors").write_bytes(b"bytes")
+        client.send_file(target, "update.safetensors", remove_file=True)
+        assert backend.sent == [(PS, b"bytes")]
+        assert not (bridge.work_dir / "update.safetensors").exists()
+        # A deadline that has passed is never sent: the bridge would wait for ever.
+        assert client.receive_one(target, "incoming", time.time() - 1) is None
+        assert client.receive_one(target, "incoming", time.time() + 0.3) is None  # 204
+        backend.push(b"an update")
+        received = client.receive_one(target, "incoming", time.time() + 30)
+        assert received is not None and received.from_peer == PS
+        assert received.path.read_bytes() == b"an update"
+        with pytest.raises(BridgeError, match="422"):
+            client._post_json("/resources/send", {"resource": peers([PS], "All"), "path": "x"}, 5)
+        with pytest.raises(BridgeError, match="404"):
+            client._post_json("/status/send", "update", 5)
+    alpha17 = short_tmp / "alpha17"
+    alpha17.mkdir()
+    with BridgeServer(alpha17, backend) as old:
+        assert probe_generation(old.socket_path) == "alpha17"
+
+
+def zero_update(assets_dir: Path) -> bytes:
+    catalog = Catalog.from_assets(ensure_assets(assets_dir))
+    model = catalog.models_dir / catalog.model_repository / "model.safetensors"
+    return save({name: torch.zeros_like(t) for name, t in load(model.read_bytes()).items()})
+
+
+def run_executor(job_json: str, bridge: BridgeServer) -> subprocess.Popen[str]:
+    env = {**os.environ, "JOB_JSON": job_json}
+    return subprocess.Popen(
+        [*EXECUTOR, "--socket", str(bridge.socket_path), "--work-dir", str(bridge.work_dir)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_batches_zero_a_straggler_a_past_deadline_and_terminate(
+    assets_dir: Path, short_tmp: Path
+) -> None:
+    source = peers([PS], "All")
+    steps = iter([
+        {"kind": "execute-batch", "batches": 0},
+        {"kind": "execute-batch", "batches": 2},
+        {"kind": "apply-update", "source": source, "timeout": later(60)},  # never sent: a straggler
+        {"kind": "apply-update", "source": source, "timeout": system_time(time.time() - 5)},
+        {"kind": "send-update", "target": source, "weight": 0.5},
+        {"kind": "terminate"},
+    ])  # fmt: skip
+
+    def script(details: dict[str, Any]) -> dict[str, Any]:
+        return next(steps)
+
+    with action_bridge(assets_dir, short_tmp / "work", script) as (job_json, bridge, backend):
+        backend.push(zero_update(assets_dir))
+        process = run_executor(job_json, bridge)
+        out, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err
+    assert out.splitlines()[0].endswith(
+        "bridge generation actions (the job has no updates or results)"
+    )
+    states = [d["state"] for d in backend.statuses]
+    assert states == [
+        "joined", "batch-completed", "batch-completed", "applied-update", "error", "sent-update",
+    ]  # fmt: skip
+    assert [d.get("batches") for d in backend.statuses[1:3]] == [0, 2]
+    assert backend.statuses[4]["type"] == "connection"  # nothing received: deadline passed
+    sent = backend.statuses[5]
+    assert sent["round"] == 1 and sent["metrics"]["weight"] == 0.5
+    # The straggler's drift was dropped by the merge: nothing trained since.
+    assert sent["metrics"]["batches"] == 0
+    ((peer, data),) = backend.sent
+    assert peer == PS and set(load(data)) == set(load(zero_update(assets_dir)))
+
+
+@pytest.mark.slow
+def test_sigterm_in_a_long_idle_ends_cleanly_within_5_s(assets_dir: Path, short_tmp: Path) -> None:
+    def script(details: dict[str, Any]) -> dict[str, Any]:
+        return {"kind": "idle", "timeout": later(600)}
+
+    with action_bridge(assets_dir, short_tmp / "work", script) as (job_json, bridge, backend):
+        process = run_executor(job_json, bridge)
+        try:
+            deadline = time.monotonic() + 180
+            while not backend.statuses:
+                assert time.monotonic() < deadline and process.poll() is None
+                time.sleep(0.2)
+            time.sleep(0.5)
+            os.kill(process.pid, signal.SIGTERM)
+            started = time.monotonic()
+            _, err = process.communicate(timeout=10)
+            took = time.monotonic() - started
+        finally:
+            process.kill()
+    assert process.returncode == 143 and took < 5, (process.returncode, took, err)
+    assert "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_two_workers_train_over_the_action_protocol_and_the_loss_falls(
+    assets_dir: Path, tmp_path: Path, short_tmp: Path
+) -> None:
+    options = RunOptions(workers=2, rounds=3, steps_per_round=20, generation="actions")
+    code = run_demo(
+        options, preset("process"), out_dir=tmp_path / "out", work_base=short_tmp,
+        assets_dir=assets_dir,
+    )  # fmt: skip
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert code == 0, summary["reasons"]
+    assert [w["exit_code"] for w in summary["workers"].values()] == [0, 0]
+    assert len(summary["rounds"]) == 3
+    assert summary["final_mean_loss"] < 0.6 * summary["first_mean_loss"]
