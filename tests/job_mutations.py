@@ -27,9 +27,8 @@ from typing import Any
 HERE = Path(__file__).parent
 ORACLE_DIR = HERE / "serde_oracle"
 DEBIAN_CRATES = Path("/usr/share/cargo/registry")
-EXAMPLES = sorted((HERE.parents[1] / "shared" / "examples").glob("job-*.json")) or sorted(
-    (HERE / "data").glob("job-*.json")
-)
+# The job specs Hypha's schedulers send, as the repository keeps them.
+EXAMPLES = sorted((HERE / "data").glob("job-*.json"))
 
 
 class OracleUnavailable(Exception):

@@ -22,9 +22,7 @@ from hypha.accelerate_executor.job import (
 )
 from hypha.accelerate_executor.tasks import TASKS, Trains
 
-EXAMPLES = sorted((Path(__file__).parents[2] / "shared" / "examples").glob("job-*.json"))
-if not EXAMPLES:  # a clone without shared/ beside it: the copies in tests/data serve
-    EXAMPLES = sorted((Path(__file__).parent / "data").glob("job-*.json"))
+EXAMPLES = sorted((Path(__file__).parent / "data").glob("job-*.json"))
 # Jobs as an action-era scheduler sends them (no `updates`, no `results`); the rest are alpha.17's.
 ACTION_EXAMPLES = [p for p in EXAMPLES if p.name.startswith("job-actions-")]
 EXAMPLES = [p for p in EXAMPLES if p not in ACTION_EXAMPLES]

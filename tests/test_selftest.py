@@ -210,12 +210,14 @@ def test_allreduce_bandwidth_over_two_cpu_processes() -> None:
 
 
 @pytest.mark.slow
-def test_selftest_trains_on_the_cpu_through_the_executor(tmp_path: Path) -> None:
+@pytest.mark.parametrize("generation", ["alpha17", "actions"])
+def test_selftest_trains_on_the_cpu_through_the_executor(tmp_path: Path, generation: str) -> None:
     """The path a host without a GPU runs: launcher, training rank, bridge, stand-in."""
     findings = tmp_path / "selftest.json"
     done = subprocess.run(
         [sys.executable, "-m", "hypha.accelerate_executor.cli", "selftest",
-         "--rounds", "2", "--steps-per-round", "6", "--json", str(findings)],
+         "--rounds", "3", "--steps-per-round", "5", "--bridge-generation", generation,
+         "--json", str(findings)],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
@@ -227,8 +229,10 @@ def test_selftest_trains_on_the_cpu_through_the_executor(tmp_path: Path) -> None
     assert report["host"]["backend"] == "cpu"
     assert report["figures"]["executor_samples_per_s"] > 0
     assert report["figures"]["bare_samples_per_s"] > 0
-    losses = [m["loss"] for _, m in sorted(report["executor"]["rounds"].items())]
+    rounds = sorted(report["executor"]["rounds"].items(), key=lambda item: int(item[0]))
+    losses = [metrics["loss"] for _, metrics in rounds]
     assert losses[-1] < losses[0]
+    assert report["generation"] == generation
     # The executor's lines are progress, on stderr, and the table alone is on stdout.
     assert "[selftest] round 1: loss" in done.stderr
     assert not any("round 1: loss" in line for line in table)

@@ -10,15 +10,16 @@
 #   fsdp        the same model through accelerate-configs/fsdp.yaml (FSDP2), one process
 #   deepspeed   through accelerate-configs/deepspeed-zero2.yaml, one process; DeepSpeed's
 #               ops, where it needs any, JIT-build with the machine's nvcc
-#   actions     the action-protocol loop, speculative step on and off: not in this checkout
-#               yet (issue "today's Hypha"), so skipped and said
+#   actions     the same job on the action protocol of later Hypha workers; the speculative
+#               step on and off is not in this checkout yet (issue "today's Hypha"): said
 # The sharded parts need a GPU and are skipped (and said) without one. Everything lands in
 # DIR (default gpu-acceptance-results/): summary.txt (every part's table, exit code and
 # time, and what was skipped), each part's findings as JSON, and logs.tar.gz (stdout and
-# stderr of every part). About 4 minutes on an H100; the limits add up to 8.
+# stderr of every part). About 6 minutes on an H100; the limits add up to 8.
 #
 # Settings: HYPHA_ACCEPTANCE_MODEL (default gpt2-124m; the local dry run passes tiny),
-# HYPHA_ACCEPTANCE_PARTS (default "selftest fsdp deepspeed profile": a rerun can take fewer),
+# HYPHA_ACCEPTANCE_PARTS (default "selftest fsdp deepspeed profile actions": a rerun can take
+# fewer),
 # PYTHON (default python3, the machine's own).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -67,24 +68,25 @@ part() {
     [ "$rc" = 0 ] || failed=1
 }
 
-parts=" ${HYPHA_ACCEPTANCE_PARTS:-selftest fsdp deepspeed profile} "
+parts=" ${HYPHA_ACCEPTANCE_PARTS:-selftest fsdp deepspeed profile actions} "
 wanted() { [[ $parts == *" $1 "* ]]; }
-wanted selftest && part selftest 210
+wanted selftest && part selftest 150
 if [ "$gpus" -gt 0 ]; then
-    wanted fsdp && part fsdp 120 --accelerate-config fsdp --num-processes 1 --rounds 2
-    wanted deepspeed && part deepspeed 150 --accelerate-config deepspeed-zero2 --num-processes 1 --rounds 2
+    wanted fsdp && part fsdp 90 --accelerate-config fsdp --num-processes 1 --rounds 2
+    wanted deepspeed && part deepspeed 100 --accelerate-config deepspeed-zero2 --num-processes 1 --rounds 2
     if wanted profile; then
         say ""
         say "== profile: where a bare step's GPU time goes (bench/gpu_acceptance/profile_step.py)"
-        timeout -k 10 90 "$python" bench/gpu_acceptance/profile_step.py --model "$model" >>"$summary" 2>"$logs/profile.log" ||
+        timeout -k 10 45 "$python" bench/gpu_acceptance/profile_step.py --model "$model" >>"$summary" 2>"$logs/profile.log" ||
             say "   (exit $?; see logs.tar.gz)"
     fi
 else
     say ""
     say "== fsdp, deepspeed, profile: skipped: no GPU (accelerate shards only on GPUs)"
 fi
+wanted actions && part actions 90 --bridge-generation actions --skip oom
 say ""
-say "== actions: skipped: this checkout's executor speaks alpha.17 only (issue \"today's Hypha\")"
+say "== actions, speculative step on and off: skipped: the executor has no speculative step yet (issue \"today's Hypha\")"
 
 tar -czf "$out/logs.tar.gz" -C "$logs" .
 say ""

@@ -220,6 +220,8 @@ class ActionTrainer(Workbench):
             metrics["learning_rate"] = float(self.lr_schedule.get_last_lr()[0])
         if loss is not None:
             metrics["loss"] = loss
+        if (peak := self.peak_device_memory()) is not None:
+            metrics["peak_device_memory_bytes"] = float(peak)
         self.say(
             f"round {self.round + 1}: loss "
             f"{'-' if loss is None else f'{loss:.4f}'} | {window.batches} batches | "

@@ -232,7 +232,7 @@ class Trainer(Workbench):
         }
         if stats.tokens:
             metrics["tokens_per_second"] = stats.tokens / stats.seconds
-        if (peak := peak_device_memory(self.accelerator.device)) is not None:
+        if (peak := self.peak_device_memory()) is not None:
             metrics["peak_device_memory_bytes"] = float(peak)
         if math.isfinite(stats.loss):
             metrics["loss"] = stats.loss
@@ -256,16 +256,6 @@ class Trainer(Workbench):
             )
         answer = self.ranks.share(outcome.answer)
         return answer if isinstance(answer, Done) else Continue()
-
-
-def peak_device_memory(device: torch.device) -> int | None:
-    """The most memory torch's allocator has held on this rank's GPU since the job began
-    (None off a GPU): what an operator sizes a host by, and what `selftest` reports."""
-    import torch
-
-    if device.type != "cuda":  # ROCm's GPUs are "cuda" devices to torch too
-        return None
-    return int(torch.cuda.max_memory_allocated(device))
 
 
 def scheduler_decision(answers: list[StatusAnswer], current: Decision) -> Decision | Done:

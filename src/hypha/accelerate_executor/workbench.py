@@ -130,6 +130,15 @@ class Workbench:
     def next_batch(self) -> Batch:
         return self.inputs(next(self.batches))  # on the device, labels made there
 
+    def peak_device_memory(self) -> int | None:
+        """The most memory torch's allocator has held on this rank's GPU since the job began
+        (None off a GPU): what an operator sizes a host by, and what `selftest` reports."""
+        import torch
+
+        if self.accelerator.device.type != "cuda":  # ROCm's GPUs are "cuda" devices too
+            return None
+        return int(torch.cuda.max_memory_allocated(self.accelerator.device))
+
     def say(self, message: str) -> None:
         if self.ranks.is_main:
             say(message)

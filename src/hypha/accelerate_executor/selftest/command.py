@@ -30,6 +30,7 @@ from typing import Any
 from hypha.accelerate_executor import __version__
 from hypha.accelerate_executor.entry import OneLineArgumentParser, run_main
 from hypha.accelerate_executor.errors import UsageError
+from hypha.accelerate_executor.local.jobs import GENERATIONS
 from hypha.accelerate_executor.selftest.devices import Host, peak_tflops, probe_host
 from hypha.accelerate_executor.selftest.report import Report, as_json, judge, render
 from hypha.accelerate_executor.selftest.workload import SIZES, ModelSize
@@ -66,6 +67,13 @@ def parser() -> argparse.ArgumentParser:
         "are set from this command's",
     )
     p.add_argument("--num-processes", type=int, metavar="N", help="default: one per GPU")
+    p.add_argument(
+        "--bridge-generation",
+        choices=GENERATIONS,
+        default="alpha17",
+        help="the Hypha side the stand-in plays: alpha.17's statuses or the action protocol "
+        "of later workers (default alpha17)",
+    )
     p.add_argument("--rounds", type=int, default=3, help="DiLoCo rounds, the first is warm-up")
     p.add_argument("--steps-per-round", type=int, metavar="N", help="default: the model's")
     p.add_argument("--batch-size", type=int, metavar="N", help="default: the model's")
@@ -175,7 +183,7 @@ def selftest(args: argparse.Namespace) -> int:
 
     import yaml  # type: ignore[import-untyped]  # no stubs in the dev env
 
-    from hypha.accelerate_executor.job import parse_job
+    from hypha.accelerate_executor.job import Ambiguous, parse_any_job_bytes
     from hypha.accelerate_executor.local.assets import ensure_assets
     from hypha.accelerate_executor.selftest import runs
     from hypha.accelerate_executor.selftest.workload import SelftestSpec
@@ -186,7 +194,10 @@ def selftest(args: argparse.Namespace) -> int:
     processes = args.num_processes or max(host.gpus, 1)
     config, config_name = accelerate_config(args.accelerate_config, host, processes, precision)
     total, multiplied = parameter_counts(size)
-    report = Report(__version__, host, size, total, multiplied, precision, config_name, processes)
+    report = Report(
+        __version__, host, size, total, multiplied, precision, config_name, processes,
+        args.bridge_generation,
+    )  # fmt: skip
     say(f"{host.backend}, {len(host.devices)} device(s); {size.name}, {precision}, {config_name}")
     # The executor's lines (through the local worker) belong with the progress, not the table.
     with tempfile.TemporaryDirectory(prefix="hypha-selftest-") as temporary, \
@@ -195,8 +206,10 @@ def selftest(args: argparse.Namespace) -> int:
         config_path = folder / "accelerate.yaml"
         config_path.write_text(yaml.safe_dump(config))
         assets = ensure_assets(spec=SelftestSpec.of(size))
-        core, spec = runs.start_job(assets, runs.job_options(size, args.rounds))
-        job = parse_job(json.dumps(spec))
+        options = runs.job_options(size, args.rounds, args.bridge_generation)
+        core, spec = runs.start_job(assets, options)
+        job = parse_any_job_bytes(json.dumps(spec).encode(), args.bridge_generation)
+        assert not isinstance(job, Ambiguous)  # a generation was named
 
         def bare() -> None:
             if "bare" not in skip:

@@ -27,6 +27,7 @@ class Report:
     mixed_precision: str
     config: str  # the accelerate config's name and distributed type
     processes: int
+    generation: str = "alpha17"  # the bridge generation the stand-in played
     executor: ExecutorRun | None = None
     bare: list[BareRun] = field(default_factory=list)  # before and after the executor
     oom: OomCheck | None = None
@@ -124,13 +125,16 @@ def render(report: Report, verdict: Verdict) -> str:
         f"x {size.seq_len} tokens, mixed precision {report.mixed_precision}",
     ))  # fmt: skip
     rows.append(("accelerate", f"{report.config}, {report.processes} process(es)"))
+    protocol = "alpha.17 statuses" if report.generation == "alpha17" else "action protocol"
+    rows.append(("bridge", f"{protocol}, against the local stand-in"))
     run = report.executor
     if run is not None:
         losses = run.losses
         loss = f"loss {losses[0]:.3f} -> {losses[-1]:.3f}" if losses else "no loss reported"
         rows.append((
             "executor",
-            f"{speed(run.samples_per_s, report)} (median of rounds 2-{len(run.rounds)}), "
+            f"{speed(run.samples_per_s, report)} (median of the {len(run.rounds) - 1} rounds "
+            "after the first), "
             f"{loss}, exit {run.exit_code}, {run.seconds:.0f} s",
         ))  # fmt: skip
     if report.bare:

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hypha.accelerate_executor.job import Job
+from hypha.accelerate_executor.job import AnyJob
 from hypha.accelerate_executor.local.assets import Assets
 from hypha.accelerate_executor.local.coordinator_core import CoordinatorCore
 from hypha.accelerate_executor.local.data_service import Catalog
 from hypha.accelerate_executor.local.executor_entries import EXECUTOR_ARGS, ExecutorEntry
-from hypha.accelerate_executor.local.jobs import RunOptions
+from hypha.accelerate_executor.local.jobs import Generation, RunOptions
 from hypha.accelerate_executor.local.worker import LocalWorker
 from hypha.accelerate_executor.selftest.workload import ModelSize
 
@@ -43,8 +43,9 @@ class ExecutorRun:
     timed_out: bool = False
 
     def timed(self, metric: str) -> list[float]:
-        """`metric` in rounds 2.. (the first round is warm-up: compilation, caches)."""
-        return [m[metric] for r, m in sorted(self.rounds.items()) if r > 1 and metric in m]
+        """`metric` in every round but the first, which is warm-up (compilation, caches).
+        Rounds count from 1 in alpha.17's metrics and from 0 in the action protocol's."""
+        return [m[metric] for _, m in sorted(self.rounds.items())[1:] if metric in m]
 
     @property
     def samples_per_s(self) -> float | None:
@@ -65,8 +66,9 @@ class ExecutorRun:
         return max(peaks) if peaks else None
 
 
-def job_options(size: ModelSize, rounds: int) -> RunOptions:
+def job_options(size: ModelSize, rounds: int, generation: Generation) -> RunOptions:
     return RunOptions(
+        generation=generation,
         workers=1,
         rounds=rounds,
         steps_per_round=size.steps_per_round,
@@ -142,7 +144,7 @@ def training_device() -> torch.device:
 
 
 def bare_loop(
-    job: Job, assets: Assets, steps_per_round: int, rounds: int, mixed_precision: str
+    job: AnyJob, assets: Assets, steps_per_round: int, rounds: int, mixed_precision: str
 ) -> BareRun:
     """The job's training as a plain PyTorch loop: the same model files, batch, AdamW (the
     executor's build of it) and LR schedule, its data already on the device, no bridge, no
@@ -232,7 +234,7 @@ class OomCheck:
         )
 
 
-def oom_check(job: Job, assets: Assets, mixed_precision: str, times: int = 4) -> OomCheck:
+def oom_check(job: AnyJob, assets: Assets, mixed_precision: str, times: int = 4) -> OomCheck:
     """Measures the memory one step of the job's batch takes, caps this process's GPU memory
     at half as much again, and steps a batch `times` as large: it cannot fit in one piece,
     nor in half when `times` is 4, and must train in micro-batches."""
