@@ -26,7 +26,7 @@ mkdir -p "$wheels"
 # The versions the images pin, so that the GPU run tests what ships.
 pin() { sed -n -E "s/^$1==([^ ;#]+).*/\1/p" docker/requirements/common.txt docker/requirements/deepspeed.txt | head -n 1; }
 binary=()
-for name in pydantic pydantic-core annotated-types typing-inspection typing-extensions hjson; do
+for name in pydantic pydantic-core annotated-types typing-inspection typing-extensions hjson cramjam blake3; do
     binary+=("$name==$(pin "$name")")
 done
 platforms=()
