@@ -2,12 +2,17 @@
 
 A `main` parses its arguments with OneLineArgumentParser and hands its body to `run_main`,
 which turns the failures a user can cause into one line on stderr and an exit code
-(errors.py lists them): the same for every entry point.
+(errors.py lists them): the same for every entry point. A process that ran torch.distributed
+leaves with `exit_without_teardown(code)`.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
+import logging
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -58,3 +63,30 @@ def run_main(
             raise
         say_error(prog, unexpected(exc))
         return EXIT_FAILED
+
+
+def exit_without_teardown(code: int) -> NoReturn:
+    """Ends the process now with `code`, once everything written is out, skipping the
+    interpreter's teardown. For the training ranks, whose job has ended (well or not).
+
+    Why: torch keeps C++ threads of its own after destroy_process_group(). Gloo's workers
+    (ProcessGroupGloo::runLoop) live as long as anything holds the group, and the DDP, FSDP
+    and DeepSpeed wrappers do until the interpreter frees them. A worker frees each finished
+    collective after the rank that waited for it has moved on, and with it the tensors the
+    collective used; one made in Python (broadcast_object_list's, ours) takes the GIL to be
+    freed. When that comes late (a busy machine) and the interpreter is by then finalizing,
+    CPython ends the thread with pthread_exit, whose unwinding meets a C++ destructor, which
+    must not throw: std::terminate, "terminate called without an active exception", SIGABRT.
+    The rank dies with -6 after its job finished, `accelerate launch` exits 1, and the worker
+    reports the job failed. A rank that never finalizes cannot meet it. The job's outcome is
+    decided and said, so the teardown has nothing left to do: logging's handlers are flushed,
+    then Python's streams and the C library's, and the process exits.
+    """
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed or broken stream: no reader
+            stream.flush()
+    # Lines a C library printed through stdio: the C runtime's exit would flush them, _exit does not.
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).fflush(None)
+    os._exit(code)
