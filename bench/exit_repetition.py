@@ -1,6 +1,7 @@
 """How a finished multi-rank job leaves, counted over many runs.
 
     python bench/exit_repetition.py [--runs N] [--paths native,image,fsdp2,zero2] [--out DIR]
+    python bench/exit_repetition.py --runs N --paths race,race-teardown
 
 A job that trained, was told Done and printed its last round must exit 0 on every rank, every
 time: a rank that aborts in the interpreter's teardown makes `accelerate launch` exit 1, and a
@@ -15,6 +16,12 @@ it, in a child process of its own whose stdout and stderr (every rank's) are rea
   fsdp2   accelerate launch with the shipped fsdp config (FSDP2) over 2 gloo processes, through
           tests/sharding/executor_fsdp_on_cpu.py, which lifts accelerate's GPU-only gate
   zero2   the launcher with the shipped deepspeed-zero2 config, 2 processes (gloo on the CPU)
+
+and, named only on request, the cause made to show in a few runs (bench/exit_race.py says how):
+
+  race           2 gloo ranks whose teardown race is held open for a second, leaving as the
+                 executor does (entry.exit_without_teardown)
+  race-teardown  the same leaving through the interpreter's teardown: a control, which aborts
 
 Per path: runs, runs that finished (rank 0 printed the last round's `done`), non-zero exits,
 abort lines (`terminate called`, a rank's `exitcode: -N`, `Aborted`, `core dumped`, `Fatal
@@ -39,6 +46,10 @@ from hypha.accelerate_executor.local.executor_entries import EXECUTOR_ARGS, Exec
 
 REPO = Path(__file__).resolve().parents[1]
 PATHS = ("native", "image", "fsdp2", "zero2")
+# bench/exit_race.py under torchrun, the race's window held open: leaving as the executor does
+# (race), and with the interpreter's teardown (race-teardown, which is expected to abort).
+RACE_PATHS = {"race": "product", "race-teardown": "teardown"}
+RACE_SCRIPT = REPO / "bench" / "exit_race.py"
 ROUNDS = 2
 STEPS_PER_ROUND = 2
 # What a rank that died on a signal leaves in the output: the C++ runtime's last words before
@@ -94,6 +105,13 @@ def abort_lines(output: str) -> list[str]:
     return [line for line in output.splitlines() if ABORT_LINE.search(line)]
 
 
+def finished(path: str, output: str) -> bool:
+    """Whether the job ran to its end: the scheduler's Done reached the last round."""
+    if path in RACE_PATHS:
+        return all(f"exit-race: rank {rank} done" in output for rank in (0, 1))
+    return f"[{WORKER}] round {ROUNDS}: done" in output
+
+
 def run_once(path: str, assets: Path | None, timeout_s: float) -> RunResult:
     """One whole job in a child process (this script with --one), its output read whole."""
     started = time.perf_counter()
@@ -120,7 +138,7 @@ def run_once(path: str, assets: Path | None, timeout_s: float) -> RunResult:
             exit_code = int(line.removeprefix(EXIT_LINE))
     return RunResult(
         exit_code=exit_code,
-        finished=f"[{WORKER}] round {ROUNDS}: done" in output,
+        finished=finished(path, output),
         abort_lines=abort_lines(output),
         hung=hung,
         seconds=time.perf_counter() - started,
@@ -166,8 +184,21 @@ def executor_entry(path: str, folder: Path) -> tuple[ExecutorEntry, tuple[int, i
     raise ValueError(f"unknown path {path!r}")
 
 
+def race(how: str) -> int:
+    """The child of the race paths: bench/exit_race.py over 2 ranks; prints torchrun's exit code."""
+    from hypha.accelerate_executor.launcher import free_port
+
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+               "--master_port", str(free_port()), str(RACE_SCRIPT), how]  # fmt: skip
+    code = subprocess.run(command, stdin=subprocess.DEVNULL, cwd=REPO).returncode
+    print(f"{EXIT_LINE}{code}", flush=True)
+    return 0
+
+
 def one_job(path: str, assets: Path | None) -> int:
     """The child: one job of the local stand-in as worker w1; prints the executor's exit code."""
+    if path in RACE_PATHS:
+        return race(RACE_PATHS[path])
     from hypha.accelerate_executor.local.assets import ensure_assets
     from hypha.accelerate_executor.local.coordinator import Catalog, Coordinator, RunOptions
     from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
@@ -234,9 +265,12 @@ def table(tallies: dict[str, Tally]) -> str:
 
 def paths_argument(value: str) -> list[str]:
     paths = [p for p in value.split(",") if p]
-    unknown = sorted(set(paths) - set(PATHS))
+    choices = (*PATHS, *RACE_PATHS)
+    unknown = sorted(set(paths) - set(choices))
     if unknown or not paths:
-        raise argparse.ArgumentTypeError(f"paths are a comma-separated choice of {','.join(PATHS)}")
+        raise argparse.ArgumentTypeError(
+            f"paths are a comma-separated choice of {','.join(choices)}"
+        )
     return paths
 
 
@@ -262,7 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--assets", type=Path, help="the stand-in's model and data cache (default: its own)"
     )
-    parser.add_argument("--one", choices=PATHS, help=argparse.SUPPRESS)  # the child's mode
+    parser.add_argument(
+        "--one", choices=(*PATHS, *RACE_PATHS), help=argparse.SUPPRESS
+    )  # the child's mode
     arguments = parser.parse_args(argv)
     if arguments.one:
         return one_job(arguments.one, arguments.assets)

@@ -55,8 +55,8 @@ def repeat_once(paths: str, out: Path) -> dict[str, dict]:
 
 
 @pytest.mark.slow
-def test_one_run_of_each_native_path_is_clean(tmp_path: Path) -> None:
-    repeat_once("native,fsdp2,zero2", tmp_path)
+def test_one_run_of_each_path_without_docker_is_clean(tmp_path: Path) -> None:
+    repeat_once("native,fsdp2,zero2,race", tmp_path)
 
 
 @pytest.mark.slow
