@@ -67,20 +67,20 @@ def run_main(
 
 def exit_without_teardown(code: int) -> NoReturn:
     """Ends the process now with `code`, once everything written is out, skipping the
-    interpreter's teardown. For the training ranks, whose job has ended (well or not).
+    interpreter's teardown. How the training ranks leave, whatever the job's outcome.
 
-    Why: torch keeps C++ threads of its own after destroy_process_group(). Gloo's workers
-    (ProcessGroupGloo::runLoop) live as long as anything holds the group, and the DDP, FSDP
-    and DeepSpeed wrappers do until the interpreter frees them. A worker frees each finished
-    collective after the rank that waited for it has moved on, and with it the tensors the
-    collective used; one made in Python (broadcast_object_list's, ours) takes the GIL to be
-    freed. When that comes late (a busy machine) and the interpreter is by then finalizing,
-    CPython ends the thread with pthread_exit, whose unwinding meets a C++ destructor, which
-    must not throw: std::terminate, "terminate called without an active exception", SIGABRT.
-    The rank dies with -6 after its job finished, `accelerate launch` exits 1, and the worker
-    reports the job failed. A rank that never finalizes cannot meet it. The job's outcome is
-    decided and said, so the teardown has nothing left to do: logging's handlers are flushed,
-    then Python's streams and the C library's, and the process exits.
+    Why: torch's gloo worker threads (ProcessGroupGloo::runLoop) outlive
+    destroy_process_group() as long as something holds the group, and the DDP, FSDP and
+    DeepSpeed wrappers do until the interpreter frees them. A worker frees a finished
+    collective after the rank that waited for it has moved on: the closing barrier, and with
+    it the broadcasts it kept (Ranks.share's last decision), whose tensors were made in Python
+    and take the GIL to be freed. When a busy machine delays that worker until the interpreter
+    is finalizing, CPython ends the thread with pthread_exit, the unwinding meets a C++
+    destructor (~AsyncWork), which must not throw, and std::terminate aborts the rank
+    ("terminate called without an active exception", exit -6) after its job finished:
+    `accelerate launch` exits 1 and the worker reports the job failed. A rank that does not
+    finalize cannot meet this; its outcome is decided and said, so the teardown has nothing
+    left to do. bench/exit_race.py holds the race open; bench/exit_repetition.py counts exits.
     """
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
