@@ -9,7 +9,6 @@ sharded by FSDP2 over the gloo processes, and the executor runs as it does on a 
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 from accelerate import Accelerator, PartialState
@@ -29,6 +28,7 @@ def _fsdp_on_cpu(self: Accelerator, *args: Any, **kwargs: Any) -> None:
 
 Accelerator.__init__ = _fsdp_on_cpu  # type: ignore[method-assign]
 
+from hypha.accelerate_executor.entry import exit_without_teardown  # noqa: E402
 from hypha.accelerate_executor.training import main  # noqa: E402
 
-sys.exit(main())
+exit_without_teardown(main())  # as `python -m hypha.accelerate_executor.training` leaves

@@ -127,6 +127,7 @@ class ActionTrainer(Workbench):
         )
         status: Status | None = JOINED
         last_report = time.monotonic()
+        finished = False
         try:
             while status is not None:
                 action = self.ranks.share(self._ask(status))
@@ -134,9 +135,12 @@ class ActionTrainer(Workbench):
                 status = self.perform(action, last_report)
                 last_report = time.monotonic() if status is not None else started
             self.say(f"terminated by the scheduler after {self.round} round(s)")
-            self.ranks.finish()
+            finished = True
         finally:
-            self.data.close()
+            # As in training.Trainer.run: the process leaves without the interpreter's join
+            # of our threads, so a finished job lets the slice fetch in flight end first.
+            self.data.close(wait=finished)
+        self.ranks.finish()
 
     def _ask(self, status: Status) -> Action | None:
         return self.client.update(status) if self.client is not None else None

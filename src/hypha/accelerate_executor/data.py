@@ -238,8 +238,9 @@ class SliceStream:
     def __iter__(self) -> Iterator[Batch]:
         return worker_batches(self._slices(), self._batch_size, self._share)
 
-    def close(self) -> None:
-        self._fetcher.shutdown(wait=False, cancel_futures=True)
+    def close(self, wait: bool = False) -> None:
+        """Stops fetching ahead; with `wait`, returns once a fetch in flight has ended."""
+        self._fetcher.shutdown(wait=wait, cancel_futures=True)
 
     def _slices(self) -> Iterator[Batch]:
         while True:

@@ -78,7 +78,9 @@ class Ranks:
 
     def finish(self) -> None:
         """All ranks leave together: a rank that exits right after sending rank 0's last
-        decision would cut the connection another rank is still reading it from."""
+        decision would cut the connection another rank is still reading it from. Torch's own
+        threads outlive destroy_process_group() while a model wrapper holds the group: the
+        process then leaves through entry.exit_without_teardown, which says why."""
         if self.count > 1:
             dist.barrier(group=self._group)
             dist.destroy_process_group()

@@ -2,12 +2,17 @@
 
 A `main` parses its arguments with OneLineArgumentParser and hands its body to `run_main`,
 which turns the failures a user can cause into one line on stderr and an exit code
-(errors.py lists them): the same for every entry point.
+(errors.py lists them): the same for every entry point. A process that ran torch.distributed
+leaves with `exit_without_teardown(code)`.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
+import logging
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -58,3 +63,30 @@ def run_main(
             raise
         say_error(prog, unexpected(exc))
         return EXIT_FAILED
+
+
+def exit_without_teardown(code: int) -> NoReturn:
+    """Ends the process now with `code`, once everything written is out, skipping the
+    interpreter's teardown. How the training ranks leave, whatever the job's outcome.
+
+    Why: torch's gloo worker threads (ProcessGroupGloo::runLoop) outlive
+    destroy_process_group() as long as something holds the group, and the DDP, FSDP and
+    DeepSpeed wrappers do until the interpreter frees them. A worker frees a finished
+    collective after the rank that waited for it has moved on: the closing barrier, and with
+    it the broadcasts it kept (Ranks.share's last decision), whose tensors were made in Python
+    and take the GIL to be freed. When a busy machine delays that worker until the interpreter
+    is finalizing, CPython ends the thread with pthread_exit, the unwinding meets a C++
+    destructor (~AsyncWork), which must not throw, and std::terminate aborts the rank
+    ("terminate called without an active exception", exit -6) after its job finished:
+    `accelerate launch` exits 1 and the worker reports the job failed. A rank that does not
+    finalize cannot meet this; its outcome is decided and said, so the teardown has nothing
+    left to do. bench/exit_race.py holds the race open; bench/exit_repetition.py counts exits.
+    """
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed or broken stream: no reader
+            stream.flush()
+    # Lines a C library printed through stdio: the C runtime's exit would flush them, _exit does not.
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).fflush(None)
+    os._exit(code)

@@ -29,7 +29,11 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from hypha.accelerate_executor.bridge import Continue, Done, Ok, ScheduleUpdate, expect
-from hypha.accelerate_executor.entry import OneLineArgumentParser, run_main
+from hypha.accelerate_executor.entry import (
+    OneLineArgumentParser,
+    exit_without_teardown,
+    run_main,
+)
 from hypha.accelerate_executor.errors import (
     EXIT_OK,
     Cancelled,
@@ -141,6 +145,7 @@ class Trainer(Workbench):
         ):
             # accelerate applies FSDP only on GPUs and says nothing when it does not.
             self.say("warning: the accelerate config asks for FSDP, which needs GPUs: not sharded")
+        finished = False
         try:
             for round_number in range(1, sys.maxsize):
                 stats = self.inner_steps()
@@ -152,11 +157,15 @@ class Trainer(Workbench):
                 if isinstance(self.synchronise(round_number, stats), Done):
                     self.say(f"round {round_number}: done")
                     break
-            self.ranks.finish()
+            finished = True
         finally:
-            self.data.close()
+            # The process ends without the interpreter's join of our threads (see
+            # exit_without_teardown): a finished job lets the slice fetch in flight end, so the
+            # bridge never sees a request cut; a failing or cancelled one does not wait for it.
+            self.data.close(wait=finished)
             if self.reporter is not None:
                 self.reporter.close()
+        self.ranks.finish()
 
     def inner_steps(self) -> RoundStats | Done:
         """Trains until the batch ScheduleUpdate names, or the scheduler says Done.
@@ -401,4 +410,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_teardown(main())
