@@ -82,11 +82,14 @@ def exit_without_teardown(code: int) -> NoReturn:
     finalize cannot meet this; its outcome is decided and said, so the teardown has nothing
     left to do. bench/exit_race.py holds the race open; bench/exit_repetition.py counts exits.
     """
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):  # a closed or broken stream: no reader
-            stream.flush()
-    # Lines a C library printed through stdio: the C runtime's exit would flush them, _exit does not.
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).fflush(None)
-    os._exit(code)
+    try:
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):  # a closed or broken stream: no reader
+                stream.flush()
+        # Lines a C library printed through stdio: its exit would flush them, _exit does not.
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None).fflush(None)
+    finally:
+        # The outcome stands even if a signal (SIGTERM raises Cancelled) cuts the flushing short.
+        os._exit(code)
