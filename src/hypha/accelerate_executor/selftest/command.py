@@ -163,6 +163,10 @@ def parameter_counts(size: ModelSize) -> tuple[int, int]:
     embeddings), counted on a model built without memory."""
     import torch
 
+    # Imported before the meta device is set: on torch 2.8, importing transformers' GPT-2
+    # module under it fails (the import makes tensors of its own).
+    import transformers.models.gpt2.modeling_gpt2  # noqa: F401
+
     from hypha.accelerate_executor.local.assets import build_model
     from hypha.accelerate_executor.selftest.workload import SelftestSpec
 
