@@ -151,8 +151,9 @@ class JobBridge:
             )
         return fetched
 
-    def send(self, request: dict[str, Any]) -> None:
-        """`request`: bridge_bodies.SEND_REQUEST as serde decodes it."""
+    def _send_request(self, request: dict[str, Any]) -> tuple[Path, str, list[str]]:
+        """A send's file (checked to be in the work dir), its path as given, and the peers
+        its strategy picks: all, the first, or one at random. Both generations' sends."""
         resource, relative = request["resource"], request["path"]
         if resource["type"] != "peers":
             raise invalid_request("send takes a peers reference")
@@ -160,16 +161,21 @@ class JobBridge:
         if not peers:
             raise invalid_request("send needs at least one peer")
         path = self._relative(relative)
-        try:
-            source = path.open("rb")
-        except OSError as exc:
-            raise server_error("io_error", f"cannot read {relative}: {exc.strerror}") from None
         if strategy == "All":
             targets = list(peers)
         elif strategy == "One":
             targets = peers[:1]
         else:
             targets = [random.choice(peers)]
+        return path, relative, targets
+
+    def send(self, request: dict[str, Any]) -> None:
+        """`request`: bridge_bodies.SEND_REQUEST as serde decodes it."""
+        path, relative, targets = self._send_request(request)
+        try:
+            source = path.open("rb")
+        except OSError as exc:
+            raise server_error("io_error", f"cannot read {relative}: {exc.strerror}") from None
         sender = threading.Thread(
             target=self._send_in_background, args=(source, relative, targets), daemon=True
         )
@@ -212,24 +218,11 @@ class JobBridge:
     def send_now(self, request: dict[str, Any]) -> None:
         """The action-era send: every target gets the bytes before the answer; then the file
         is deleted when `remove_file`. `request`: bridge_bodies.ACTION_SEND_REQUEST."""
-        resource, relative = request["resource"], request["path"]
-        if resource["type"] != "peers":
-            raise invalid_request("send takes a peers reference")
-        peers, strategy = resource["peers"], resource["strategy"]["type"]
-        if not peers:
-            raise invalid_request("send needs at least one peer")
-        path = self._relative(relative)
+        path, relative, targets = self._send_request(request)
         try:
             data = path.read_bytes()
         except OSError as exc:
             raise server_error("io_error", f"cannot read {relative}: {exc.strerror}") from None
-        targets = (
-            list(peers)
-            if strategy == "All"
-            else peers[:1]
-            if strategy == "One"
-            else [random.choice(peers)]
-        )
         try:
             for peer in targets:
                 self.backend.send(peer, data)
