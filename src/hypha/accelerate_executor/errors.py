@@ -98,8 +98,8 @@ class SerdeError(JobSpecError):
 
 
 class UntrainableJobError(JobSpecError):
-    """A job Hypha's Rust side accepts that this executor cannot train: one of the README's
-    "Jobs refused beyond serde"."""
+    """A job Hypha's Rust side accepts that this executor cannot train: one of those in
+    docs/jobs.md, "Parsing, and the jobs refused beyond serde"."""
 
 
 class RemoteCodeRefused(JobSpecError):
