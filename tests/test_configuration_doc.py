@@ -84,7 +84,7 @@ def documented_flags() -> set[str]:
     return set(FLAG_CELL.findall(_section("Flags")))
 
 
-def test_the_scan_sees_variables_and_flags_the_code_is_known_to_read():
+def test_the_scan_sees_variables_and_flags_the_code_is_known_to_read() -> None:
     # A scan that finds nothing would pass everything below.
     assert {"HYPHA_VARIANT", "HYPHA_TRUST_REMOTE_CODE", "HYPHA_NVIDIA_DRIVER_VERSION_FILE"} <= set(
         variables_read()
@@ -93,19 +93,19 @@ def test_the_scan_sees_variables_and_flags_the_code_is_known_to_read():
     assert {"--variant", "--bridge-generation", "--linger"} <= set(flags_defined())
 
 
-def test_every_variable_the_project_reads_has_a_row():
+def test_every_variable_the_project_reads_has_a_row() -> None:
     missing = {n: where for n, where in variables_read().items() if n not in documented_variables()}
     assert not missing, "docs/configuration.md's environment table lacks: " + ", ".join(
         f"{name} (read in {where})" for name, where in sorted(missing.items())
     )
 
 
-def test_every_row_names_a_variable_the_project_reads():
+def test_every_row_names_a_variable_the_project_reads() -> None:
     stale = documented_variables() - set(variables_read())
     assert not stale, f"docs/configuration.md documents variables nothing reads: {sorted(stale)}"
 
 
-def test_every_flag_is_documented():
+def test_every_flag_is_documented() -> None:
     missing = {f: where for f, where in flags_defined().items() if f not in documented_flags()}
     assert not missing, "docs/configuration.md's flag tables lack: " + ", ".join(
         f"{flag} (defined in {where})" for flag, where in sorted(missing.items())
