@@ -360,7 +360,7 @@ def summary(judgements: list[Judgement]) -> str:
     return (
         f"{total} cases, Rust accepts {rust_accepts} and refuses {total - rust_accepts}; "
         f"accept/refuse agreement {agree}/{total} ({100 * agree / total:.2f} %); "
-        f"of Rust's accepts, {beyond} refused deliberately (README: Jobs refused beyond serde)"
+        f"of Rust's accepts, {beyond} refused deliberately (docs/jobs.md: the jobs refused beyond serde)"
     )
 
 

@@ -6,7 +6,7 @@ shipped fsdp config, accelerate's GPU-only gate lifted as a GPU would lift it) a
 mixed precision is the shipped one; all run in fp32 here, so that only what the configs do
 to training differs. The noise is the batches a late ScheduleUpdate answer lets a round run
 past its target (one batch at most, measured); DeepSpeed's default clipping at norm 1.0,
-which the shipped configs switch off, moved the losses by more (README: "Gradient clipping").
+which the shipped configs switch off, moved the losses by more (docs/configuration.md: "Gradient clipping").
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def round_losses(name: str, tmp: Path, work_base: Path, assets: Path, port: int)
     out = tmp / name
     out.mkdir()
     # A bound, not a figure: a ZeRO-2 run has been seen to stall past 10 minutes on a
-    # 2-core machine under a load of 17 (README "What still needs a GPU"); fail, never hang.
+    # 2-core machine under a load of 17 (docs/performance.md: "Open questions"); fail, never hang.
     run_demo(options, entry(name, out, port), out_dir=out / "out", work_base=work_base,
              assets_dir=assets, timeout_s=600)  # fmt: skip
     summary = json.loads((out / "out" / "summary.json").read_text())

@@ -2,7 +2,7 @@
 inside a function or under TYPE_CHECKING) goes to the same layer or one below, and no
 modules import each other in a circle.
 
-The layers, bottom to top (README: Architecture):
+The layers, bottom to top (docs/architecture.md: Layers):
 
     ground    errors (the error tree, exit codes), entry (argument parser, run_main), version
     format    serde_json, serde, paths, supervisor, tensorfile, http_wire: no notion of a job

@@ -1,7 +1,7 @@
 """parse_job against the real serde: Hypha's job types compiled with serde, serde_json and uuid
 (tests/serde_oracle) judge the same bytes. The Rust side's accept or refuse is the truth;
 the only difference allowed is a job serde accepts that cannot train, refused as
-UntrainableJobError (README: "Jobs refused beyond serde")."""
+UntrainableJobError (docs/jobs.md: "the jobs refused beyond serde")."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ HF = {
     "filenames": ["config.json"],
     "token": None,
 }
-# One job per entry of the README's list: serde accepts each, and none can train.
+# One job per entry of docs/jobs.md's list: serde accepts each, and none can train.
 BEYOND_SERDE = {
     "aggregate job": _changed("executor", {
         "class": "aggregate", "descriptor": {"name": "ps"},

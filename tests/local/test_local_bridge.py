@@ -1,4 +1,4 @@
-"""Bridge conformance (protocol.md sections 2 and 7) against a real Unix socket and coordinator."""
+"""Bridge conformance (docs/protocol.md sections 2 and 7) against a real Unix socket and coordinator."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The local worker does per job what protocol.md section 1 says a Hypha worker does."""
+"""The local worker does per job what docs/protocol.md section 1 says a Hypha worker does."""
 
 from __future__ import annotations
 

@@ -75,7 +75,7 @@ _ANSWERS: dict[str, SchedulerAnswer] = {
 
 
 def parse_answer(value: Any) -> SchedulerAnswer:
-    """The scheduler's answer (`{"type": ...}`, protocol.md section 5) as a typed value."""
+    """The scheduler's answer (`{"type": ...}`, docs/protocol.md section 5) as a typed value."""
     if not isinstance(value, dict):
         raise BridgeError(STATUS_ROUTE, 200, "bad_answer", f"not a scheduler answer: {value!r}")
     kind = value.get("type")

@@ -44,7 +44,7 @@ from __future__ import annotations
 import signal
 from typing import Literal
 
-# The kinds of failure beyond a bridge that its 500 answers name (protocol.md section 2).
+# The kinds of failure beyond a bridge that its 500 answers name (docs/protocol.md section 2).
 ErrorKind = Literal["network_error", "connector_error", "io_error"]
 
 EXIT_OK = 0
@@ -98,8 +98,8 @@ class SerdeError(JobSpecError):
 
 
 class UntrainableJobError(JobSpecError):
-    """A job Hypha's Rust side accepts that this executor cannot train: one of the README's
-    "Jobs refused beyond serde"."""
+    """A job Hypha's Rust side accepts that this executor cannot train: one of those in
+    docs/jobs.md, "Parsing, and the jobs refused beyond serde"."""
 
 
 class RemoteCodeRefused(JobSpecError):

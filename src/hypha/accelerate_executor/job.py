@@ -6,7 +6,7 @@ type by type; `serde_json` and `serde` read the text as serde_json and serde do 
 (serde.serde_type derives serde's reading from the models' annotations): that decides
 accept or refuse. The same models then give the executor typed access and, by their
 constraints, refuse the few jobs serde accepts but no executor could train, each listed in
-the README's "Jobs refused beyond serde". Pure pydantic: the host shim imports this module,
+docs/jobs.md ("the jobs refused beyond serde"). Pure pydantic: the host shim imports this module,
 so it must never import torch.
 
 Two generations of the types exist (docs/protocol-actions.md): alpha.17's, whose train config
@@ -63,7 +63,7 @@ PreprocessorTask = Literal["tokenizer", "feature", "image", "video", "auto"]
 
 # Hypha's types (crates/messages/src/lib.rs), declared once: the annotations say what serde
 # accepts (serde.serde_type; a SerdeType in `Annotated` where Python's type says too little),
-# the constraints and validators what the executor refuses beyond serde (README: "Jobs
+# the constraints and validators what the executor refuses beyond serde (docs/jobs.md: "the jobs
 # refused beyond serde"). Fields stand in upstream's declaration order, which serde reads
 # arrays in, and a new field is one line here.
 

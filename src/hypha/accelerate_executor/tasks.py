@@ -23,7 +23,7 @@ LabelRule = Literal["slices", "causal", "masked", "contrastive"]
 @dataclass(frozen=True)
 class Trains:
     auto_class: str
-    slices: str  # what a slice holds, for the README and the refusal of a bad slice
+    slices: str  # what a slice holds, for docs/jobs.md and the refusal of a bad slice
     labels: LabelRule = "slices"
     # Tensors the loss is computed from: taken from a slice that holds them, whether or not
     # the job's input-names list them.

@@ -88,7 +88,7 @@ class RoundStats:
 
 
 class Trainer(Workbench):
-    """The alpha.17 generation's DiLoCo loop (protocol.md): statuses after every batch, the
+    """The alpha.17 generation's DiLoCo loop (docs/protocol.md): statuses after every batch, the
     round's end from ScheduleUpdate, the update over the job's one receive stream."""
 
     job: Job

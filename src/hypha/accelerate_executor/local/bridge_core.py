@@ -1,6 +1,6 @@
 """One Job Bridge, as a Hypha worker serves it on WORK_DIR/bridge.sock: what each route does.
 
-It follows protocol.md sections 2 and 7, sharp edges included: one receive stream per job,
+It follows docs/protocol.md sections 2 and 7, sharp edges included: one receive stream per job,
 `send` answered before the copy, pushes written to `<path>/<peer-id>` and announced only
 on an open stream, and every file written in place as Rust's `File::create` does
 (truncated, then written: the same inode, so a reader that has it open or mapped sees it

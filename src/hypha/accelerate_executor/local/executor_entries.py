@@ -1,5 +1,5 @@
 """What a local worker spawns for a job: an `[[executors]]` entry of a worker TOML, or a
-preset of one, and the worker's tokens substituted in its arguments (protocol.md section 1).
+preset of one, and the worker's tokens substituted in its arguments (docs/protocol.md section 1).
 
 An entry is named on the command line (`--executor`), so a bad one is a usage error.
 """

@@ -1,5 +1,5 @@
 """What a local run is: its options, the job kinds it can play, and the job spec each
-worker gets, shaped exactly as a Hypha scheduler sends it (protocol.md sections 4 and 8)."""
+worker gets, shaped exactly as a Hypha scheduler sends it (docs/protocol.md sections 4 and 8)."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ class RunOptions:
     warmup_steps: int = 10
     outer_learning_rate: float = 0.7
     outer_momentum: float = 0.9
-    # The bridge generation the cluster plays: alpha.17's statuses (protocol.md) or the
+    # The bridge generation the cluster plays: alpha.17's statuses (docs/protocol.md) or the
     # action protocol of later Hypha releases (docs/protocol-actions.md).
     generation: Generation = "alpha17"
 

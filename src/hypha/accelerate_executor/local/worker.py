@@ -1,4 +1,4 @@
-"""A local Hypha worker: runs one job's executor exactly as protocol.md section 1 says.
+"""A local Hypha worker: runs one job's executor exactly as docs/protocol.md section 1 says.
 
 Fresh WORK_DIR (work_dirs.py), a bridge on WORK_DIR/bridge.sock, tokens substituted inside
 every argument (executor_entries.py), the child's stdout re-printed line by line
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
 
 # A Hypha worker signals only its direct child, SIGKILLs it 5 s later, and leaves what the
-# child started alone (protocol.md section 1): the local worker plays exactly that.
+# child started alone (docs/protocol.md section 1): the local worker plays exactly that.
 HYPHA_WORKER_KILL_AFTER_S = 5.0
 
 
