@@ -10,14 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from telemetry_job import (
-    HEADER_SECRET,
-    check_arrived,
-    otlp_endpoint,
-    rounds_printed,
-    run_two_workers,
-    telemetry_variables,
-)
 
 from hypha.accelerate_executor.local.otlp_receiver import Receiver
 from hypha.accelerate_executor.shim.otlp_relay import (
@@ -26,6 +18,14 @@ from hypha.accelerate_executor.shim.otlp_relay import (
     upstream_from,
 )
 from hypha.accelerate_executor.telemetry import SOCKET_VARIABLE, Telemetry, wanted
+from telemetry_job import (
+    HEADER_SECRET,
+    check_arrived,
+    otlp_endpoint,
+    rounds_printed,
+    run_two_workers,
+    telemetry_variables,
+)
 
 
 @pytest.fixture
@@ -183,7 +183,9 @@ def test_the_one_line_failure_arrives_as_an_error_record(
     )
     coordinator.start()
     try:
-        code = serve_one_job(CoordinatorClient(coordinator.url), LocalWorker("w1", preset("process"), short_tmp))
+        code = serve_one_job(
+            CoordinatorClient(coordinator.url), LocalWorker("w1", preset("process"), short_tmp)
+        )
     finally:
         coordinator.stop()
     assert code == 1

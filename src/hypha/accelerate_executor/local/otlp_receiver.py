@@ -65,7 +65,9 @@ def decode(signal: str, body: bytes) -> list[Item]:
             resource = _attributes(resource_logs.resource.attributes)
             for scope in resource_logs.scope_logs:
                 items += [
-                    Item("log", resource, r.severity_text, _value(r.body), _attributes(r.attributes))
+                    Item(
+                        "log", resource, r.severity_text, _value(r.body), _attributes(r.attributes)
+                    )
                     for r in scope.log_records
                 ]
     elif signal == "metrics":
@@ -80,7 +82,13 @@ def decode(signal: str, body: bytes) -> list[Item]:
                     for point in getattr(metric, kind).data_points:
                         value = getattr(point, point.WhichOneof("value"))
                         items.append(
-                            Item("metric", resource, metric.name, value, _attributes(point.attributes))
+                            Item(
+                                "metric",
+                                resource,
+                                metric.name,
+                                value,
+                                _attributes(point.attributes),
+                            )
                         )
     return items
 

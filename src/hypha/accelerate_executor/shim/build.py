@@ -170,7 +170,9 @@ def missing_wheels(wheelhouse: Path, requirements: list[Path]) -> list[str]:
     for wheel in wheelhouse.glob("*.whl"):
         name, version = wheel.name.split("-")[:2]
         present.add((_distribution(name), version))
-    pins = (line.split(";")[0].replace(" ", "") for f in requirements for line in requirement_lines(f))
+    pins = (
+        line.split(";")[0].replace(" ", "") for f in requirements for line in requirement_lines(f)
+    )
     return [
         pin
         for pin in pins

@@ -14,6 +14,7 @@ shim says so in one line.
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import os
 import socketserver
@@ -173,7 +174,5 @@ class OtlpRelay:
         return {SOCKET_VARIABLE: self.socket_path, **passed}
 
     def _unlink(self) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self.socket_path)
-        except FileNotFoundError:
-            pass

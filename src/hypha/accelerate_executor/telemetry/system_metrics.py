@@ -60,11 +60,14 @@ def _observe_gpus(meter: Meter) -> None:
         for index in range(count):
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             name = pynvml.nvmlDeviceGetName(handle)
-            yield handle, {
-                "hw.id": pynvml.nvmlDeviceGetUUID(handle),
-                "hw.name": name.decode() if isinstance(name, bytes) else name,
-                "gpu.index": index,
-            }
+            yield (
+                handle,
+                {
+                    "hw.id": pynvml.nvmlDeviceGetUUID(handle),
+                    "hw.name": name.decode() if isinstance(name, bytes) else name,
+                    "gpu.index": index,
+                },
+            )
 
     def utilization(options: CallbackOptions) -> Iterable[Observation]:
         for handle, labels in devices():
