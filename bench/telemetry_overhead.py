@@ -22,6 +22,7 @@ import threading
 from pathlib import Path
 
 from bench.errors import BenchError
+from bench.status_delay import median_samples_per_s
 from hypha.accelerate_executor.local.assets import ensure_assets
 from hypha.accelerate_executor.local.coordinator import Catalog, Coordinator, RunOptions
 from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
@@ -52,11 +53,7 @@ def one_run(options: RunOptions, work_base: Path, endpoint: str | None) -> float
         record = coordinator.summary()["workers"]["bench-worker"]
     if failures or record["exit_code"] != 0:
         raise BenchError(f"the executor failed: {failures or record}")
-    metrics = sorted((int(key), value) for key, value in record["metrics"].items())
-    rates = [m["samples_per_second"] for key, m in metrics if key > 1]
-    if not rates:
-        raise BenchError("the executor reported no metrics after its first round")
-    return statistics.median(rates)
+    return median_samples_per_s(record)
 
 
 def measure(repeats: int, options: RunOptions) -> tuple[list[float], list[float]]:

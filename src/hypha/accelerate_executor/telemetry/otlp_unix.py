@@ -34,7 +34,7 @@ class _UnixConnection(HTTPConnection):
 
 
 class _UnixPool(urllib3.HTTPConnectionPool):
-    ConnectionCls = _UnixConnection  # type: ignore[assignment]
+    ConnectionCls = _UnixConnection
 
 
 class _UnixAdapter(HTTPAdapter):

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 def observe_process_and_gpus(meter: Meter, gpus: bool) -> None:
     """Registers the process's instruments, and the GPUs' when `gpus` (one process per
     container asks, so that each GPU is reported once) and NVML is there."""
-    import psutil
+    import psutil  # type: ignore[import-untyped,unused-ignore]  # stubs not installed
     from opentelemetry.metrics import Observation
 
     process = psutil.Process()
@@ -46,7 +46,7 @@ def observe_process_and_gpus(meter: Meter, gpus: bool) -> None:
 
 def _observe_gpus(meter: Meter) -> None:
     try:
-        import pynvml  # type: ignore[import-not-found,unused-ignore]  # nvidia-ml-py
+        import pynvml  # type: ignore[import-untyped,import-not-found,unused-ignore]  # nvidia-ml-py
 
         pynvml.nvmlInit()
         count = pynvml.nvmlDeviceGetCount()
