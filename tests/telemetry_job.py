@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from hypha.accelerate_executor.job import Generation
 from hypha.accelerate_executor.local.coordinator import RunOptions
 from hypha.accelerate_executor.local.demo import run_demo
 from hypha.accelerate_executor.local.executor_entries import ExecutorEntry
@@ -47,11 +48,17 @@ def telemetry_variables(endpoint: str) -> dict[str, str]:
 
 
 def run_two_workers(
-    executor: ExecutorEntry, work_base: Path, out: Path, owner: tuple[int, int] | None = None
+    executor: ExecutorEntry,
+    work_base: Path,
+    out: Path,
+    owner: tuple[int, int] | None = None,
+    generation: Generation = "alpha17",
 ) -> dict[str, Any]:
     """The job's summary, once both workers' executors finished their two rounds."""
     run_demo(
-        RunOptions.for_job("causal-lm", workers=2, rounds=2, steps_per_round=3),
+        RunOptions.for_job(
+            "causal-lm", workers=2, rounds=2, steps_per_round=3, generation=generation
+        ),
         executor,
         out_dir=out,
         work_base=work_base,
@@ -59,25 +66,30 @@ def run_two_workers(
         timeout_s=600,
     )  # its verdict wants a loss that falls further than two rounds take it
     summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
-    for name, worker in summary["workers"].items():
-        assert (worker["exit_code"], worker["rounds_completed"]) == (0, 2), (name, worker)
+    assert [w["exit_code"] for w in summary["workers"].values()] == [0, 0], summary["workers"]
     return summary
 
 
-def rounds_printed(output: str) -> list[tuple[str, str, int, str]]:
-    """(worker, line, round, loss as printed) for every round line the workers echoed."""
+def rounds_printed(output: str, generation: Generation) -> list[tuple[str, str, int, str]]:
+    """(worker, line, round, loss as printed) for every round line with a loss that the
+    workers echoed: both rounds of each under alpha.17; under the action protocol, where a
+    worker that joins late sends its first update with nothing trained, at least one each."""
     found = [(w, line, int(n), loss) for w, line, n, loss in ROUND_LINE.findall(output)]
-    assert sorted((w, n) for w, _, n, _ in found) == [("w1", 1), ("w1", 2), ("w2", 1), ("w2", 2)]
+    rounds = sorted((w, n) for w, _, n, _ in found)
+    if generation == "alpha17":
+        assert rounds == [("w1", 1), ("w1", 2), ("w2", 1), ("w2", 2)], output
+    else:
+        assert {w for w, _ in rounds} == {"w1", "w2"}, output
     return found
 
 
-def check_arrived(receiver: Receiver, output: str) -> None:
+def check_arrived(receiver: Receiver, output: str, generation: Generation = "alpha17") -> None:
     """Every round's line as a log record, and its loss as a metric point, each with the
     worker's resource attributes and service name, the job id and the rank; and the header
     on every request, added on the host."""
     logs = [item for item in receiver.items if item.signal == "log"]
     losses = [i for i in receiver.items if i.name == "hypha.training.loss"]
-    for worker, line, number, loss in rounds_printed(output):
+    for worker, line, number, loss in rounds_printed(output, generation):
         records = [r for r in logs if r.value == line]
         assert len(records) == 1, (line, [r.value for r in logs])
         record = records[0]

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from hypha.accelerate_executor.job import GENERATIONS, Generation
 from hypha.accelerate_executor.local.otlp_receiver import Receiver
 from hypha.accelerate_executor.shim.otlp_relay import (
     OtlpRelay,
@@ -133,7 +134,9 @@ def test_a_protocol_other_than_http_protobuf_is_refused() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("generation", GENERATIONS)
 def test_a_two_worker_job_on_the_host_exports_every_round(
+    generation: Generation,
     receiver: Receiver,
     short_tmp: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -143,9 +146,8 @@ def test_a_two_worker_job_on_the_host_exports_every_round(
 
     for name, value in telemetry_variables(receiver.url).items():
         monkeypatch.setenv(name, value)
-    run_two_workers(preset("process"), short_tmp, short_tmp / "out")
-    printed = capfd.readouterr()
-    check_arrived(receiver, printed.out)
+    run_two_workers(preset("process"), short_tmp, short_tmp / "out", generation=generation)
+    check_arrived(receiver, capfd.readouterr().out, generation)
 
 
 @pytest.mark.slow
@@ -156,7 +158,7 @@ def test_without_the_variables_nothing_is_exported(
 
     assert not wanted(os.environ)
     run_two_workers(preset("process"), short_tmp, short_tmp / "out")
-    rounds_printed(capfd.readouterr().out)
+    rounds_printed(capfd.readouterr().out, "alpha17")
     assert receiver.requests == []
 
 

@@ -148,7 +148,7 @@ def test_the_same_job_without_the_variables_exports_nothing(
 ) -> None:
     with otlp_endpoint() as receiver:
         watch = run_job(image, job_base, docker_api, {}, monkeypatch, tmp_path)
-    rounds_printed(capfd.readouterr().out)
+    rounds_printed(capfd.readouterr().out, "alpha17")
     assert receiver.requests == []
     for described in watch.inspected.values():
         assert not any(
