@@ -5,6 +5,8 @@ and round metrics there. The container path: tests/shim/test_shim_telemetry.py."
 from __future__ import annotations
 
 import os
+import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -92,6 +94,22 @@ def test_an_unreachable_endpoint_answers_502_and_training_is_not_held(short_tmp:
             unix_session(str(short_tmp / "none.sock")).post(f"{RELAY_URL}/v1/logs", data=b"")
     finally:
         relay.stop()
+
+
+def test_an_executor_gone_before_its_answer_leaves_no_trace_on_the_shims_output(
+    receiver: Receiver, relay: OtlpRelay, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """It stopped waiting for its last flush at exit: the request still reaches the
+    endpoint, and the relay says nothing."""
+    with socket.socket(socket.AF_UNIX) as client:
+        client.connect(relay.socket_path)
+        client.sendall(b"POST /v1/logs HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+    deadline = time.monotonic() + 10
+    while not receiver.requests and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)  # the answer written into the closed connection
+    assert [path for path, _ in receiver.requests] == ["/v1/logs"]
+    assert capfd.readouterr().err == ""
 
 
 @pytest.mark.parametrize(

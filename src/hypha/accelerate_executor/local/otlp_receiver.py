@@ -37,7 +37,11 @@ class Item:
     attributes: dict[str, Any] = field(default_factory=dict)
 
     def line(self) -> str:
-        who = f"{self.resource.get('service.name')} job {self.resource.get('hypha.job.id')} rank {self.resource.get('hypha.rank')}"
+        who = " ".join(
+            f"{key} {self.resource[key]}"
+            for key in ("service.name", "hypha.worker.name", "hypha.job.id", "hypha.rank")
+            if key in self.resource
+        )
         return f"{self.signal} {self.name} {self.value} [{who}]"
 
 
