@@ -27,9 +27,10 @@ GIB = 1 << 30
 def main() -> int:
     receiver = Receiver(("127.0.0.1", 0))
     threading.Thread(target=receiver.serve_forever, daemon=True).start()
-    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url}
+    # Read by the SDK, from the process's environment, as in a rank.
+    os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = receiver.url
     os.environ["OTEL_METRIC_EXPORT_INTERVAL"] = "1000"
-    exporting = Telemetry("gpu-check", 0, env)
+    exporting = Telemetry("gpu-check", 0, os.environ)
     held = torch.empty(2 * GIB, dtype=torch.uint8, device="cuda")
     a = torch.randn(8192, 8192, device="cuda")
     end = time.monotonic() + 8
