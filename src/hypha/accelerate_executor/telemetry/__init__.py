@@ -59,7 +59,8 @@ def _unit(name: str) -> str:
 
 class Telemetry:
     """One process's exporters: its logger, its meter, and the thread that flushes the
-    metrics at each round's end."""
+    metrics at each round's end. `env` gives the route (the relay's socket, else the SDK's
+    own endpoint) and LOCAL_RANK; the SDK reads its OTEL_* from the process's environment."""
 
     def __init__(self, job_id: str, rank: int, env: Mapping[str, str]) -> None:
         from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
