@@ -103,12 +103,17 @@ def one_run(
         record = coordinator.summary()["workers"]["bench-worker"]
     if failure or record["exit_code"] != 0:
         raise BenchError(f"the executor failed at a {delay_ms} ms delay: {failure or record}")
-    metrics = sorted((int(key), value) for key, value in record["metrics"].items())
-    rates = [m["samples_per_second"] for key, m in metrics if key > 1]
+    overshoot = sum(int(m.get("overshoot_batches", 0)) for m in record["metrics"].values())
+    return median_samples_per_s(record), overshoot
+
+
+def median_samples_per_s(record: dict[str, Any]) -> float:
+    """The median of the samples/s a worker's executor reported for rounds 2.. (the
+    coordinator's record of it): the first round warms up."""
+    rates = [m["samples_per_second"] for key, m in record["metrics"].items() if int(key) > 1]
     if not rates:
         raise BenchError("the executor reported no metrics after its first round")
-    overshoot = sum(int(m.get("overshoot_batches", 0)) for _, m in metrics)
-    return statistics.median(rates), overshoot
+    return statistics.median(rates)
 
 
 def run(

@@ -4,7 +4,8 @@ modules import each other in a circle.
 
 The layers, bottom to top (docs/architecture.md: Layers):
 
-    ground    errors (the error tree, exit codes), entry (argument parser, run_main), version
+    ground    errors (the error tree, exit codes), entry (argument parser, run_main), version,
+              telemetry (OTLP export, which entry's one-line failure feeds)
     format    serde_json, serde, paths, supervisor, tensorfile, http_wire: no notion of a job
     job       job: the job spec, declared once
     executor  what runs in the image: bridge, training and what it stacks on, launcher
@@ -24,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1] / "src" / "hypha" / "accelerate_execu
 
 # Bottom to top: a module's layer is the first whose names or prefixes hold it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("ground", ("", "errors", "entry")),
+    ("ground", ("", "errors", "entry", "telemetry")),
     ("format", ("serde_json", "serde", "paths", "supervisor", "tensorfile", "http_wire")),
     # Torch-free tables the job spec, the launcher and the shim all read.
     ("tables", ("tasks", "variants")),

@@ -7,6 +7,7 @@ import io
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from image_harness import ROOT
@@ -104,3 +105,23 @@ def test_the_cluster_packages_make_no_wheelhouse_of_their_own() -> None:
         "make-wheelhouse: cluster.txt goes into every variant's wheelhouse; "
         "name a variant (cpu, cu130, ...)"
     ]
+
+
+def test_a_wheelhouse_that_lacks_a_pinned_wheel_is_filled_in(tmp_path: Path) -> None:
+    """A wheelhouse made before a pin was added or moved: `build --offline` runs
+    make-wheelhouse.sh again, which pip fills in, rather than failing inside the image build."""
+    folder = tmp_path
+    (folder / "common.txt").write_text("opentelemetry-sdk==1.45.2\nDocker_Py===7.2.0\n# a note\n")
+    (folder / "cpu.txt").write_text("-r common.txt\ntorch==2.13.0+cpu\n")
+    house = folder / "wheels"
+    house.mkdir()
+    for name in (
+        "torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl",
+        "docker_py-7.2.0-py3-none-any.whl",
+    ):
+        (house / name).touch()
+    assert build.missing_wheels(house, [folder / "cpu.txt"]) == ["opentelemetry-sdk==1.45.2"]
+    (house / "opentelemetry_sdk-1.45.2-py3-none-any.whl").touch()
+    assert build.missing_wheels(house, [folder / "cpu.txt"]) == []
+    (folder / "common.txt").write_text("opentelemetry-sdk==1.46.0\n")
+    assert build.missing_wheels(house, [folder / "cpu.txt"]) == ["opentelemetry-sdk==1.46.0"]

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hypha.accelerate_executor import telemetry
 from hypha.accelerate_executor.actions import (
     APPLIED_UPDATE,
     IDLE,
@@ -226,10 +227,13 @@ class ActionTrainer(Workbench):
             metrics["loss"] = loss
         if (peak := self.peak_device_memory()) is not None:
             metrics["peak_device_memory_bytes"] = float(peak)
+        figures = {"round": self.round + 1.0, **metrics, "sent_bytes": float(size)}
+        telemetry.round_ended(figures)
         self.say(
             f"round {self.round + 1}: loss "
             f"{'-' if loss is None else f'{loss:.4f}'} | {window.batches} batches | "
-            f"weight {weight:.3f} | {size / 1e6:.1f} MB sent"
+            f"weight {weight:.3f} | {size / 1e6:.1f} MB sent",
+            figures,
         )
         return sent_update(self.round, metrics)
 

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
+from hypha.accelerate_executor import telemetry
 from hypha.accelerate_executor.errors import (
     EXIT_FAILED,
     EXIT_SIGNAL_BASE,
@@ -38,6 +39,7 @@ class OneLineArgumentParser(argparse.ArgumentParser):
 
 def say_error(prog: str, line: str) -> None:
     print(f"{prog}: {line}", file=sys.stderr, flush=True)
+    telemetry.log_line(f"{prog}: {line}", "ERROR")
 
 
 def run_main(
@@ -83,6 +85,7 @@ def exit_without_teardown(code: int) -> NoReturn:
     left to do. bench/exit_race.py holds the race open; bench/exit_repetition.py counts exits.
     """
     try:
+        telemetry.flush_at_exit()
         logging.shutdown()
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(OSError, ValueError):  # a closed or broken stream: no reader

@@ -28,6 +28,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from hypha.accelerate_executor import telemetry
 from hypha.accelerate_executor.bridge import Continue, Done, Ok, ScheduleUpdate, expect
 from hypha.accelerate_executor.entry import (
     OneLineArgumentParser,
@@ -256,12 +257,27 @@ class Trainer(Workbench):
         outcome = self.synchroniser.run(round_number)
         if outcome.answer is not None:
             parts = ", ".join(f"{name} {1e3 * s:.1f} ms" for name, s in stats.parts.items())
+            figures = {
+                "round": float(round_number),
+                "loss": stats.loss,
+                "learning_rate": float(self.lr_schedule.get_last_lr()[0]),
+                "samples_per_second": stats.samples / stats.seconds,
+                **({"tokens_per_second": stats.tokens / stats.seconds} if stats.tokens else {}),
+                "batches": float(stats.batches),
+                "overshoot_batches": float(stats.overshoot),
+                **{f"{name}_seconds": s for name, s in stats.parts.items()},
+                "sync_seconds": outcome.overhead_s,
+                "sent_bytes": float(outcome.bytes_out),
+                "update_wait_seconds": outcome.seconds["wait"],
+            }
+            telemetry.round_ended(figures)
             self.say(
                 f"round {round_number}: loss {stats.loss:.4f} | {stats.batches} batches, "
                 f"{stats.overshoot} past ScheduleUpdate | {stats.samples / stats.seconds:.1f} "
                 f"samples/s | {parts} | sync {outcome.overhead_s:.3f} s "
                 f"({outcome.bytes_out / 1e6:.1f} MB out) + {outcome.seconds['wait']:.2f} s "
-                "waiting for the update"
+                "waiting for the update",
+                figures,
             )
         answer = self.ranks.share(outcome.answer)
         return answer if isinstance(answer, Done) else Continue()
@@ -389,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         job, generation, why = bridge_generation(
             arguments.job, arguments.bridge_generation, arguments.socket
         )
+        telemetry.start(job.job_id)
         if not arguments.work_dir.is_dir():
             raise JobSpecError(f"work dir {arguments.work_dir} does not exist")
         if os.environ.get("RANK", "0") == "0":

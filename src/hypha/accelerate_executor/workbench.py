@@ -9,10 +9,11 @@ Torch-free at import: the executor refuses a bad job before torch is loaded.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hypha.accelerate_executor import telemetry
 from hypha.accelerate_executor.job import AnyJob
 
 if TYPE_CHECKING:
@@ -26,10 +27,12 @@ if TYPE_CHECKING:
     from hypha.accelerate_executor.steps import MicroBatchedStep
 
 
-def say(message: str) -> None:
+def say(message: str, attributes: Mapping[str, float] | None = None) -> None:
     """A line for the worker's log: stdout, flushed at once, since lines still buffered
-    when the process ends may be lost."""
+    when the process ends may be lost; and a log record, with `attributes`, where telemetry
+    is on."""
     print(message, flush=True)
+    telemetry.log_line(message, attributes=attributes)
 
 
 class Workbench:
@@ -139,6 +142,6 @@ class Workbench:
             return None
         return int(torch.cuda.max_memory_allocated(self.accelerator.device))
 
-    def say(self, message: str) -> None:
+    def say(self, message: str, attributes: Mapping[str, float] | None = None) -> None:
         if self.ranks.is_main:
-            say(message)
+            say(message, attributes)

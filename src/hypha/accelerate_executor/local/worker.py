@@ -33,6 +33,7 @@ from hypha.accelerate_executor.supervisor import (
     Supervisor,
     signal_exit_status,
 )
+from hypha.accelerate_executor.telemetry import wanted as telemetry_wanted
 
 if TYPE_CHECKING:
     # Only the TCP client's type: urllib3, which it needs, is not in the runtime images,
@@ -132,10 +133,9 @@ class LocalWorker:
             try:
                 # Its own process group: a Ctrl-C at the terminal reaches this process, which
                 # cancels the job the worker's way, and not the executor directly.
+                env = {**os.environ, **dict(self.executor.env), **self.env}
                 supervisor.start(
-                    argv,
-                    {**os.environ, **dict(self.executor.env), **self.env, **values},
-                    on_output=echo.feed,
+                    argv, {**env, **telemetry_env(self.name, env), **values}, on_output=echo.feed
                 )
             except OSError as exc:
                 raise WorkerError(
@@ -212,6 +212,19 @@ def _follow_cancellation(
             say(worker.name, f"job cancelled by the coordinator: {state.get('reason')}")
             worker.cancel()
             return
+
+
+def telemetry_env(worker: str, env: dict[str, str]) -> dict[str, str]:
+    """A later Hypha worker with telemetry configured hands its executors its OTEL_*
+    variables (they are in `env`, passed on whole) with its own service name and resource
+    attributes (docs/telemetry.md): here the worker's name as `hypha.worker.name`."""
+    if not telemetry_wanted(env):
+        return {}
+    given = env.get("OTEL_RESOURCE_ATTRIBUTES")
+    return {
+        "OTEL_SERVICE_NAME": env.get("OTEL_SERVICE_NAME") or "hypha-worker",
+        "OTEL_RESOURCE_ATTRIBUTES": f"{given + ',' if given else ''}hypha.worker.name={worker}",
+    }
 
 
 def _generation_of(job_json: str) -> Generation:

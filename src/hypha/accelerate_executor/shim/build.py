@@ -43,6 +43,7 @@ DOCKERFILE = "docker/Dockerfile"
 # A build step may stay silent for minutes (pip installing torch): no HTTP read timeout.
 BUILD_TIMEOUT_S = 4 * 3600
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+PIN = re.compile(r"(?P<name>[A-Za-z0-9._-]+)===?(?P<version>[^=,]+)")
 
 
 @dataclass(frozen=True)
@@ -152,9 +153,31 @@ def ensure_wheelhouse(root: Path, given: str | None, variant: str, requirements:
         return path.relative_to(root).as_posix()
     name = (requirements or f"{variant}.txt").removesuffix(".txt")
     path = root / "docker" / "wheelhouse" / name
-    if not any(path.glob("*.whl")):
+    files = root / "docker" / "requirements"
+    # A wheelhouse made before a pin was added or moved lacks its wheel: pip fills it in.
+    if missing_wheels(path, [files / f"{name}.txt", files / "cluster.txt"]):
         run_script(root, "make-wheelhouse.sh", name)
     return path.relative_to(root).as_posix()
+
+
+def _distribution(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def missing_wheels(wheelhouse: Path, requirements: list[Path]) -> list[str]:
+    """The `name==version` pins of `requirements` that no wheel in `wheelhouse` provides."""
+    present = set()
+    for wheel in wheelhouse.glob("*.whl"):
+        name, version = wheel.name.split("-")[:2]
+        present.add((_distribution(name), version))
+    pins = (
+        line.split(";")[0].replace(" ", "") for f in requirements for line in requirement_lines(f)
+    )
+    return [
+        pin
+        for pin in pins
+        if (m := PIN.fullmatch(pin)) and (_distribution(m["name"]), m["version"]) not in present
+    ]
 
 
 def build_context(root: Path, wheelhouse: str | None) -> IO[bytes]:

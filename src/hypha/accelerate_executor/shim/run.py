@@ -41,6 +41,12 @@ from hypha.accelerate_executor.shim.engine import connect, find_image, root_caus
 from hypha.accelerate_executor.shim.host import run_bundle
 from hypha.accelerate_executor.shim.hostpath import host_work_dir
 from hypha.accelerate_executor.shim.jobfile import write_job_file
+from hypha.accelerate_executor.shim.otlp_relay import (
+    OtlpRelay,
+    TelemetryConfigError,
+    Upstream,
+    upstream_from,
+)
 from hypha.accelerate_executor.shim.reaper import shim_labels
 from hypha.accelerate_executor.shim.spec import (
     DEFAULT_PIDS_LIMIT,
@@ -228,12 +234,16 @@ def _run_container(
         if args.gpus and args.gpus != "all":
             # /dev/dri holds every GPU's render node; ROCm narrows to the listed ones.
             env["ROCR_VISIBLE_DEVICES"] = args.gpus
+    work_dir_source = host_work_dir(api, work_dir)
+    relay = _start_relay(work_dir, owner)  # stopped below, whatever happens after this
+    if relay is not None:
+        env.update(relay.container_env(os.environ))
     spec = ContainerSpec(
         image=image,
         command=command,
         user=f"{owner[0]}:{owner[1]}",
         work_dir=work_dir,
-        work_dir_source=host_work_dir(api, work_dir),
+        work_dir_source=work_dir_source,
         network=args.network,
         env=env,
         labels={
@@ -250,7 +260,11 @@ def _run_container(
         devices=devices,
         group_add=groups,
     )
-    outcome = run_container(api, spec, interrupts)
+    try:
+        outcome = run_container(api, spec, interrupts)
+    finally:
+        if relay is not None:
+            relay.stop()
     if outcome.cancelled_by:
         _say(f"cancelled by {outcome.cancelled_by}; container stopped (exit {outcome.exit_code})")
         return interrupts.exit_code
@@ -261,6 +275,28 @@ def _run_container(
             f"exit {outcome.exit_code}"
         )
     return outcome.exit_code
+
+
+def _start_relay(work_dir: str, owner: tuple[int, int]) -> OtlpRelay | None:
+    """The telemetry relay (docs/telemetry.md) when the worker configured OTLP. Telemetry
+    that cannot be relayed costs the job nothing: it runs without, and one line says why."""
+    try:
+        upstream: Upstream | None = upstream_from(os.environ)
+    except TelemetryConfigError as exc:
+        _say(f"telemetry off: {exc}")
+        return None
+    except ImportError:
+        _say("telemetry off: the shim needs opentelemetry-api (the [shim] extra)")
+        return None
+    if upstream is None:
+        return None
+    relay = OtlpRelay(work_dir, upstream, owner)
+    try:
+        relay.start()
+    except OSError as exc:
+        _say(f"telemetry off: cannot serve {relay.socket_path}: {exc.strerror or exc}")
+        return None
+    return relay
 
 
 def _say(line: str) -> None:

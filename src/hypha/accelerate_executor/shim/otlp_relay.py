@@ -1,0 +1,183 @@
+"""The executor's telemetry out of a container that has no network (docs/telemetry.md).
+
+When the worker configured OTLP (OTEL_EXPORTER_OTLP_ENDPOINT, or a signal's own endpoint),
+the shim serves OTLP/HTTP on WORK_DIR/otlp.sock for the job's life, and forwards each
+request as it came, body untouched, to the real endpoint, adding the headers of
+OTEL_EXPORTER_OTLP_HEADERS (tokens, usually) here on the host: they never enter the
+container, its environment or `docker inspect`. The container gets the socket's path and
+the worker's resource attributes and service name (container_env).
+
+Only OTLP/HTTP with protobuf bodies is relayed (what the executor's exporter sends); with
+OTEL_EXPORTER_OTLP_PROTOCOL set to anything else the job runs without telemetry, and the
+shim says so in one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import os
+import socketserver
+import ssl
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from hypha.accelerate_executor.telemetry import SOCKET_VARIABLE, wanted
+
+SOCKET_NAME = "otlp.sock"
+SIGNALS = ("logs", "metrics", "traces")
+# What the executor in the container may read: nothing in it is secret.
+PASSED_ON = (
+    "OTEL_SERVICE_NAME",
+    "OTEL_RESOURCE_ATTRIBUTES",
+    "OTEL_METRIC_EXPORT_INTERVAL",
+    "OTEL_BLRP_SCHEDULE_DELAY",
+)
+FORWARDED_REQUEST_HEADERS = ("Content-Type", "Content-Encoding")
+FORWARD_TIMEOUT_S = 10.0
+
+
+class TelemetryConfigError(Exception):
+    """The worker's OTEL_* variables ask for what the relay cannot do."""
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """Where each signal goes, and with which headers; repr() leaves the headers out."""
+
+    urls: dict[str, str]
+    headers: dict[str, dict[str, str]] = field(repr=False)
+    tls: ssl.SSLContext | None = field(default=None, repr=False)
+
+
+def _headers(value: str | None) -> dict[str, str]:
+    if not value:
+        return {}
+    from opentelemetry.util.re import parse_env_headers
+
+    return parse_env_headers(value, liberal=True)
+
+
+def upstream_from(env: Mapping[str, str]) -> Upstream | None:
+    """The endpoint the worker configured, by the OTLP exporter's rules: a signal's own
+    OTEL_EXPORTER_OTLP_<SIGNAL>_ENDPOINT as it is, else OTEL_EXPORTER_OTLP_ENDPOINT plus
+    /v1/<signal>. None when telemetry is off."""
+    if not wanted(env):
+        return None
+    protocol = env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf"
+    if protocol != "http/protobuf":
+        raise TelemetryConfigError(
+            f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol} is not relayed (only http/protobuf)"
+        )
+    base = (env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "").rstrip("/")
+    common = _headers(env.get("OTEL_EXPORTER_OTLP_HEADERS"))
+    urls: dict[str, str] = {}
+    headers: dict[str, dict[str, str]] = {}
+    for signal in SIGNALS:
+        own = env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT")
+        if own or base:
+            urls[signal] = own or f"{base}/v1/{signal}"
+            headers[signal] = {
+                **common,
+                **_headers(env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_HEADERS")),
+            }
+    if not urls:  # only HYPHA_OTLP_SOCKET: this shim is not the one to relay
+        return None
+    certificate = env.get("OTEL_EXPORTER_OTLP_CERTIFICATE")
+    tls = ssl.create_default_context(cafile=certificate) if certificate else None
+    return Upstream(urls, headers, tls)
+
+
+class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+    upstream: Upstream
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        """Silent: the one error left, an executor gone before its answer (it stops waiting
+        for its last flush at exit, after the request was forwarded), is nobody's to fix,
+        and the shim's output is the executor's log."""
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    server: _Server
+
+    def do_POST(self) -> None:
+        upstream = self.server.upstream
+        signal = self.path.rstrip("/").rpartition("/v1/")[2]
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if signal not in upstream.urls:
+            self._answer(404, b"", "text/plain")
+            return
+        request = urllib.request.Request(upstream.urls[signal], data=body, method="POST")
+        for name in FORWARDED_REQUEST_HEADERS:
+            if name in self.headers:
+                request.add_header(name, self.headers[name])
+        for name, value in upstream.headers[signal].items():
+            request.add_header(name, value)
+        try:
+            with urllib.request.urlopen(
+                request, timeout=FORWARD_TIMEOUT_S, context=upstream.tls
+            ) as response:
+                self._answer(response.status, response.read(), response.headers["Content-Type"])
+        except urllib.error.HTTPError as exc:
+            self._answer(exc.code, exc.read(), exc.headers["Content-Type"])
+        except (OSError, ValueError):
+            # Unreachable: the exporter retries or drops the batch, training goes on.
+            self._answer(502, b"", "text/plain")
+
+    def _answer(self, status: int, body: bytes, content_type: str | None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type or "application/x-protobuf")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Nothing on the shim's output: that is the executor's log."""
+
+
+class OtlpRelay:
+    """Serves the relay on WORK_DIR/otlp.sock from `start()` until `stop()`, connectable by
+    `owner` (the container's uid:gid) only."""
+
+    def __init__(self, work_dir: str, upstream: Upstream, owner: tuple[int, int]) -> None:
+        self.socket_path = os.path.join(work_dir, SOCKET_NAME)
+        self._server = _Server(self.socket_path, _Handler, bind_and_activate=False)
+        self._server.upstream = upstream
+        self._owner = owner
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="otlp-relay", daemon=True
+        )
+
+    def start(self) -> None:
+        try:
+            self._server.server_bind()
+            # Before listen() nobody can connect: the socket is never reachable more widely.
+            os.chmod(self.socket_path, 0o600)
+            if os.geteuid() != self._owner[0]:
+                os.chown(self.socket_path, *self._owner)
+            self._server.server_activate()
+        except OSError:
+            self._server.server_close()
+            self._unlink()
+            raise
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self._server.shutdown()
+        self._server.server_close()
+        self._unlink()
+
+    def container_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        """The executor's telemetry settings: the socket, and what the worker set that is
+        no secret."""
+        passed = {name: env[name] for name in PASSED_ON if env.get(name)}
+        return {SOCKET_VARIABLE: self.socket_path, **passed}
+
+    def _unlink(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)
