@@ -45,6 +45,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "modeling",
             "optimization",
             "progress",
+            "speculative",
             "steps",
             "sync",
             "training",
