@@ -9,6 +9,7 @@ so the executor runs here under a fixed seed."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -19,10 +20,10 @@ from typing import Any
 import pytest
 import torch
 from safetensors.torch import load
-from test_action_protocol import action_bridge, assets_dir, zero_update
 
 from hypha.accelerate_executor.actions import system_time
 from hypha.accelerate_executor.local.action_scheduler import peers
+from test_action_protocol import action_bridge, assets_dir, zero_update
 
 PS = "12D3KooWJ6MBkbH3o7j2yhhDAF7gRxA4Zm5cpuEUr2Znp1VvNBw3"
 SOURCE = peers([PS], "All")
@@ -108,6 +109,49 @@ def test_the_speculative_step_trains_bit_for_bit_as_the_blocking_loop(
     assert f"{expected[0]} gradient(s) computed ahead used, {expected[1]} dropped" in last
 
 
+STATUS_OF = {"idle": "idle", "execute-batch": "batch-completed", "send-update": "sent-update"}
+
+
+@pytest.mark.slow
+def test_two_ranks_stay_in_step_through_dropped_and_used_gradients(
+    assets_dir: Path, short_tmp: Path
+) -> None:
+    """accelerate launch, 2 CPU ranks (gloo): every rank computes each gradient ahead and
+    drops or uses it as rank 0's answer says (DDP's backward all-reduces: a rank out of step
+    would hang or fail), through idle, `batches: 0` and the round's actions."""
+    answers = iter(INTERLEAVED)
+
+    def answer(details: dict[str, Any]) -> dict[str, Any]:
+        action = next(answers)
+        if action.get("timeout") == "later":
+            return {**action, "timeout": system_time(time.time() + 60)}
+        return action
+
+    work = short_tmp / "work"
+    with action_bridge(assets_dir, work, answer) as (job_json, bridge, backend):
+        backend.push(zero_update(assets_dir))
+        launcher = [sys.executable, "-m", "hypha.accelerate_executor.launcher"]
+        done = subprocess.run(
+            [*launcher, "--accelerate-config", "multi-cpu", "--num-processes", "2",
+             "--socket", str(bridge.socket_path), "--work-dir", str(work)],
+            capture_output=True, text=True, timeout=600,
+            env={**os.environ, "JOB_JSON": job_json, "HYPHA_SPECULATIVE_STEP": "on"},
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "over 2 process(es)" in done.stdout and "speculative step on" in done.stdout
+    expected = ["joined"] + [
+        "applied-update" if a["kind"] == "apply-update" else STATUS_OF[a["kind"]]
+        for a in INTERLEAVED[:-1]
+    ]
+    assert [d["state"] for d in backend.statuses] == expected
+    [last] = [line for line in done.stdout.splitlines() if "terminated" in line]
+    used, dropped = _ahead(INTERLEAVED)
+    assert f"{used} gradient(s) computed ahead used, {dropped} dropped" in last
+    final = load(backend.sent[-1][1])
+    assert all(torch.isfinite(t).all() for t in final.values())
+    assert any(t.abs().max() > 0 for t in final.values())
+
+
 def _without_rates(statuses: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The statuses without what depends on the clock (samples/s)."""
     return [
@@ -122,7 +166,7 @@ def _ahead(script: list[dict[str, Any]]) -> tuple[int, int]:
     """(used, dropped) gradients computed ahead: one after every trained batch (its status
     is batch-completed) and every applied update, used when the next answer trains."""
     used = dropped = 0
-    for before, after in zip(script, script[1:], strict=False):
+    for before, after in itertools.pairwise(script):
         if before.get("kind") in ("execute-batch", "apply-update"):
             if after.get("kind") == "execute-batch" and after["batches"] > 0:
                 used += 1

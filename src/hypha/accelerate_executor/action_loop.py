@@ -66,11 +66,10 @@ from hypha.accelerate_executor.workbench import Workbench
 if TYPE_CHECKING:
     import torch
 
-    from hypha.accelerate_executor.data import Batch
-    from hypha.accelerate_executor.speculative import SpeculativeStep
-
     from hypha.accelerate_executor.action_bridge import ActionBridgeClient
+    from hypha.accelerate_executor.data import Batch
     from hypha.accelerate_executor.diloco import GlobalWeights
+    from hypha.accelerate_executor.speculative import SpeculativeStep
 
 # The RFC's minimum loop time: an action that trains nothing (idle, waiting, execute-batch{0})
 # is not answered sooner than this after the previous status, so a scheduler that answers at
