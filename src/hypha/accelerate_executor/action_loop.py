@@ -87,6 +87,8 @@ class _Window:
     """What was trained since the last sent update: the numbers `sent-update` reports."""
 
     batches: int = 0
+    # From asking to having trained, summed over the actions that trained: the scheduler's
+    # round trips count, since the worker waits for them (as alpha.17's statuses count).
     seconds: float = 0.0
     loss_sum: torch.Tensor | None = None
 
@@ -227,20 +229,17 @@ class ActionTrainer(Workbench):
             )
         if batches == 0:
             self.wait_until(0.0, last_report)
-        started = time.perf_counter()
         for _ in range(batches):
-            ahead = self.ahead.stepped() if self.ahead is not None else None
-            if ahead is not None:
-                loss, seconds = ahead
-                self.window.seconds += seconds  # its compute, while the status was away
-            else:
+            loss = self.ahead.stepped() if self.ahead is not None else None
+            if loss is None:
                 loss = self.step(self.next_batch())
             self.lr_schedule.step()
             if self.window.loss_sum is None:
                 self.window.loss_sum = torch.zeros((), device=self.accelerator.device)
             self.window.loss_sum += loss
             self.window.batches += 1
-        self.window.seconds += time.perf_counter() - started
+        if batches:
+            self.window.seconds += time.monotonic() - last_report
         return batch_completed(self.job.config.batch_size, batches)
 
     def send_update(self, target: ActionPeersReference, weight: float) -> Status:

@@ -19,7 +19,6 @@ Megatron-LM's and XLA's do not run through MicroBatchedStep's backward as plain 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -54,7 +53,6 @@ class _Ahead:
 
     batch: Batch
     loss: torch.Tensor
-    seconds: float
     rng: list[torch.Tensor]
     buffers: list[tuple[torch.Tensor, torch.Tensor]]  # (buffer, its value before the forward)
 
@@ -101,15 +99,15 @@ class SpeculativeStep:
             self._kept = ahead.batch
             self.dropped += 1
 
-    def stepped(self) -> tuple[torch.Tensor, float] | None:
-        """The optimizer step on the gradient computed ahead: its loss and the seconds its
-        forward and backward took; None when there is none."""
+    def stepped(self) -> torch.Tensor | None:
+        """The optimizer step on the gradient computed ahead, and its loss; None when there
+        is none."""
         ahead, self._ahead = self._ahead, None
         if ahead is None:
             return None
         self._step.apply()
         self.used += 1
-        return ahead.loss, ahead.seconds
+        return ahead.loss
 
     def next_batch(self) -> Batch:
         """The batch a dropped gradient was computed on, else the data's next."""
@@ -121,12 +119,11 @@ class SpeculativeStep:
 
     def _compute(self) -> None:
         assert self._ahead is None, "a gradient computed ahead was neither stepped nor dropped"
-        started = time.perf_counter()
         batch = self.next_batch()
         rng = self._get_rng()
         buffers = [(buffer, buffer.clone()) for buffer in self._buffers]
         loss = self._step.gradients(batch)
-        self._ahead = _Ahead(batch, loss, time.perf_counter() - started, rng, buffers)
+        self._ahead = _Ahead(batch, loss, rng, buffers)
 
     def _get_rng(self) -> list[torch.Tensor]:
         import torch
