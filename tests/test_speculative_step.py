@@ -175,6 +175,67 @@ def _ahead(script: list[dict[str, Any]]) -> tuple[int, int]:
     return used, dropped
 
 
+class BatchNormNet(torch.nn.Module):
+    """What a forward changes besides the gradient: BatchNorm's statistics, dropout's draws."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(1, 4, 5)
+        self.norm = torch.nn.BatchNorm2d(4)
+        self.drop = torch.nn.Dropout(0.3)
+        self.head = torch.nn.Linear(4 * 24 * 24, 10)
+
+    def forward(self, pixel_values: torch.Tensor, labels: torch.Tensor) -> dict[str, Any]:
+        hidden = self.drop(torch.relu(self.norm(self.conv(pixel_values))))
+        logits = self.head(hidden.flatten(1))
+        return {"loss": torch.nn.functional.cross_entropy(logits, labels)}
+
+
+def test_a_dropped_gradient_leaves_weights_statistics_and_draws_as_they_were() -> None:
+    """In one process, in micro-batches of 4 (accumulation, then the sync flag): computing
+    ahead and dropping twice, then using, ends where plain steps end, bit for bit."""
+    from accelerate import Accelerator
+
+    from hypha.accelerate_executor.distributed import Ranks
+    from hypha.accelerate_executor.speculative import SpeculativeStep
+    from hypha.accelerate_executor.steps import MicroBatchedStep
+
+    generator = torch.Generator().manual_seed(1)
+    batches = [
+        {"pixel_values": torch.randn(12, 1, 28, 28, generator=generator),
+         "labels": torch.randint(0, 10, (12,), generator=generator)}
+        for _ in range(3)
+    ]  # fmt: skip
+
+    def trained(speculative: bool) -> BatchNormNet:
+        model = BatchNormNet()
+        accelerator = Accelerator(cpu=True)
+        prepared, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters()))
+        names = ["pixel_values", "labels"]
+        step = MicroBatchedStep(accelerator, prepared, optimizer, Ranks(accelerator), 12, names, 4)
+        data = iter(batches)
+        torch.manual_seed(2)
+        if not speculative:
+            for _ in batches:
+                step(next(data))
+            return model
+        ahead = SpeculativeStep(step, prepared, accelerator.device, lambda: next(data))
+        for trains in (False, False, True, True):  # batch 1 dropped twice, then 1 and 2 used
+            assert ahead.while_computing(lambda: "answer") == "answer"
+            ahead.settle(trains)
+            if trains:
+                assert ahead.stepped() is not None
+        step(ahead.next_batch())  # batch 3, not computed ahead
+        ahead.close()
+        assert (ahead.used, ahead.dropped) == (2, 2)
+        return model
+
+    plain, ahead = trained(False).state_dict(), trained(True).state_dict()
+    assert same_tensors(plain, ahead)
+    assert int(ahead["norm.num_batches_tracked"]) == 9  # 3 steps of 3 micro-batches
+
+
 # The scripts themselves are what the test relies on: both kinds of answer follow a batch.
 def test_the_interleaved_script_drops_and_uses() -> None:
     used, dropped = _ahead(INTERLEAVED)

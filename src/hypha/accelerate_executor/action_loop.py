@@ -160,13 +160,8 @@ class ActionTrainer(Workbench):
                 started = time.monotonic()
                 status = self.perform(action, last_report)
                 last_report = time.monotonic() if status is not None else started
-            ahead = self.ahead
-            counts = (
-                ""
-                if ahead is None
-                else (f"; {ahead.used} gradient(s) computed ahead used, {ahead.dropped} dropped")
-            )
-            self.say(f"terminated by the scheduler after {self.round} round(s){counts}")
+            tally = "" if self.ahead is None else f"; {self.ahead.tally()}"
+            self.say(f"terminated by the scheduler after {self.round} round(s){tally}")
             finished = True
         finally:
             # As in training.Trainer.run: the process leaves without the interpreter's join

@@ -68,14 +68,7 @@ class SpeculativeStep:
         self._step = step
         self._device = device
         self._next_batch = next_batch
-        # What a forward may change besides the gradient: persistent buffers (running
-        # statistics). Non-persistent ones (attention masks) are constants.
-        self._buffers = [
-            buffer
-            for module in model.modules()
-            for name, buffer in module._buffers.items()
-            if buffer is not None and name not in module._non_persistent_buffers_set
-        ]
+        self._model = model
         self._ahead: _Ahead | None = None
         self._kept: Batch | None = None  # a dropped gradient's batch: the next one trained
         self._asker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hypha-action")
@@ -114,6 +107,9 @@ class SpeculativeStep:
         kept, self._kept = self._kept, None
         return kept if kept is not None else self._next_batch()
 
+    def tally(self) -> str:
+        return f"{self.used} gradient(s) computed ahead used, {self.dropped} dropped"
+
     def close(self) -> None:
         self._asker.shutdown(wait=False)
 
@@ -121,9 +117,20 @@ class SpeculativeStep:
         assert self._ahead is None, "a gradient computed ahead was neither stepped nor dropped"
         batch = self.next_batch()
         rng = self._get_rng()
-        buffers = [(buffer, buffer.clone()) for buffer in self._buffers]
+        buffers = [(buffer, buffer.clone()) for buffer in self._persistent_buffers()]
         loss = self._step.gradients(batch)
         self._ahead = _Ahead(batch, loss, rng, buffers)
+
+    def _persistent_buffers(self) -> list[torch.Tensor]:
+        """What a forward may change besides the gradient: running statistics. Looked up
+        each time, since loading weights may replace them; non-persistent buffers (attention
+        masks) are constants."""
+        return [
+            buffer
+            for module in self._model.modules()
+            for name, buffer in module._buffers.items()
+            if buffer is not None and name not in module._non_persistent_buffers_set
+        ]
 
     def _get_rng(self) -> list[torch.Tensor]:
         import torch
