@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,10 +59,9 @@ INTERLEAVED = [
 ]  # fmt: skip
 
 
-def run(
-    script: list[dict[str, Any]], speculative: str, assets_dir: Path, work: Path
-) -> tuple[list[dict[str, Any]], list[dict[str, torch.Tensor]], str]:
-    """The statuses, the pseudo-gradients sent and stdout of one run of the script."""
+def answering(script: list[dict[str, Any]]) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """The scheduler: each status answered with the script's next action, `later` a
+    deadline a minute from then."""
     answers = iter(script)
 
     def answer(details: dict[str, Any]) -> dict[str, Any]:
@@ -70,7 +70,14 @@ def run(
             return {**action, "timeout": system_time(time.time() + 60)}
         return action
 
-    with action_bridge(assets_dir, work, answer) as (job_json, bridge, backend):
+    return answer
+
+
+def run(
+    script: list[dict[str, Any]], speculative: str, assets_dir: Path, work: Path
+) -> tuple[list[dict[str, Any]], list[dict[str, torch.Tensor]], str]:
+    """The statuses, the pseudo-gradients sent and stdout of one run of the script."""
+    with action_bridge(assets_dir, work, answering(script)) as (job_json, bridge, backend):
         for _ in range(script.count(APPLY)):
             backend.push(zero_update(assets_dir))
         env = {**os.environ, "JOB_JSON": job_json, "HYPHA_SPECULATIVE_STEP": speculative}
@@ -119,16 +126,8 @@ def test_two_ranks_stay_in_step_through_dropped_and_used_gradients(
     """accelerate launch, 2 CPU ranks (gloo): every rank computes each gradient ahead and
     drops or uses it as rank 0's answer says (DDP's backward all-reduces: a rank out of step
     would hang or fail), through idle, `batches: 0` and the round's actions."""
-    answers = iter(INTERLEAVED)
-
-    def answer(details: dict[str, Any]) -> dict[str, Any]:
-        action = next(answers)
-        if action.get("timeout") == "later":
-            return {**action, "timeout": system_time(time.time() + 60)}
-        return action
-
     work = short_tmp / "work"
-    with action_bridge(assets_dir, work, answer) as (job_json, bridge, backend):
+    with action_bridge(assets_dir, work, answering(INTERLEAVED)) as (job_json, bridge, backend):
         backend.push(zero_update(assets_dir))
         launcher = [sys.executable, "-m", "hypha.accelerate_executor.launcher"]
         done = subprocess.run(
