@@ -73,10 +73,10 @@ part() {
 parts=" ${HYPHA_ACCEPTANCE_PARTS:-selftest fsdp deepspeed profile actions actions-blocking} "
 delay=${HYPHA_ACCEPTANCE_ANSWER_DELAY_MS:-50}
 wanted() { [[ $parts == *" $1 "* ]]; }
-wanted selftest && part selftest 130
+wanted selftest && part selftest 125
 if [ "$gpus" -gt 0 ]; then
-    wanted fsdp && part fsdp 75 --accelerate-config fsdp --num-processes 1 --rounds 2
-    wanted deepspeed && part deepspeed 85 --accelerate-config deepspeed-zero2 --num-processes 1 --rounds 2
+    wanted fsdp && part fsdp 70 --accelerate-config fsdp --num-processes 1 --rounds 2
+    wanted deepspeed && part deepspeed 80 --accelerate-config deepspeed-zero2 --num-processes 1 --rounds 2
     if wanted profile; then
         say ""
         say "== profile: where a bare step's GPU time goes (bench/gpu_acceptance/profile_step.py)"
@@ -89,7 +89,7 @@ else
 fi
 actions=(--bridge-generation actions --answer-delay-ms "$delay")
 wanted actions && part actions 120 "${actions[@]}" --speculative-step on --skip oom
-wanted actions-blocking && part actions-blocking 60 "${actions[@]}" --speculative-step off --skip bare,oom
+wanted actions-blocking && part actions-blocking 75 "${actions[@]}" --speculative-step off --skip bare,oom
 if [ -f "$out/actions.json" ] && [ -f "$out/actions-blocking.json" ]; then
     say ""
     "$python" - "$out" "$delay" <<'PY' 2>&1 | tee -a "$summary"
