@@ -9,6 +9,7 @@ so the executor runs here under a fixed seed."""
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import os
 import subprocess
@@ -233,6 +234,15 @@ def test_a_dropped_gradient_leaves_weights_statistics_and_draws_as_they_were() -
     plain, ahead = trained(False).state_dict(), trained(True).state_dict()
     assert same_tensors(plain, ahead)
     assert int(ahead["norm.num_batches_tracked"]) == 9  # 3 steps of 3 micro-batches
+
+
+def test_the_setting_is_on_or_off() -> None:
+    from hypha.accelerate_executor.training import speculative_step
+
+    assert all(speculative_step(value) for value in ("on", "ON", "1", "true", "yes", ""))
+    assert not any(speculative_step(value) for value in ("off", "0", "false", "no"))
+    with pytest.raises(argparse.ArgumentTypeError, match="neither on nor off"):
+        speculative_step("maybe")
 
 
 # The scripts themselves are what the test relies on: both kinds of answer follow a batch.
