@@ -17,7 +17,6 @@ import contextlib
 import statistics
 import sys
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
 from hypha.accelerate_executor.local.demo import supervise
 from hypha.accelerate_executor.local.executor_entries import preset
 from hypha.accelerate_executor.local.worker import LocalWorker, serve_one_job
+from hypha.accelerate_executor.selftest.runs import LateAnswers
 
 DELAYS_MS = (0, 20, 100)
 
@@ -49,22 +49,6 @@ class StatusDelayResult:
         return statistics.median(self.samples_per_s)
 
 
-class DelayedAnswers:
-    """A bridge backend whose every `status` answer comes `delay_s` late, as over a network."""
-
-    def __init__(self, backend: Any, delay_s: float) -> None:
-        self._backend = backend
-        self._delay_s = delay_s
-
-    def status(self, progress: Any) -> dict[str, Any]:
-        time.sleep(self._delay_s)
-        answer: dict[str, Any] = self._backend.status(progress)
-        return answer
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._backend, name)
-
-
 def serve_delayed(
     coordinator: Coordinator, worker: LocalWorker, delay_s: float, failures: list[BaseException]
 ) -> None:
@@ -74,7 +58,7 @@ def serve_delayed(
         serve_one_job(
             CoordinatorClient(coordinator.url),
             worker,
-            backend=lambda job: DelayedAnswers(coordinator.backend(job), delay_s),
+            backend=lambda job: LateAnswers(coordinator.backend(job), delay_s),
         )
     except Exception as exc:
         failures.append(exc)

@@ -46,6 +46,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "modeling",
             "optimization",
             "progress",
+            "speculative",
             "steps",
             "sync",
             "training",

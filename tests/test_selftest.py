@@ -217,7 +217,7 @@ def test_selftest_trains_on_the_cpu_through_the_executor(tmp_path: Path, generat
     done = subprocess.run(
         [sys.executable, "-m", "hypha.accelerate_executor.cli", "selftest",
          "--rounds", "3", "--steps-per-round", "5", "--bridge-generation", generation,
-         "--json", str(findings)],
+         "--answer-delay-ms", "20", "--json", str(findings)],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
@@ -233,6 +233,10 @@ def test_selftest_trains_on_the_cpu_through_the_executor(tmp_path: Path, generat
     losses = [metrics["loss"] for _, metrics in rounds]
     assert losses[-1] < losses[0]
     assert report["generation"] == generation
+    [bridge] = [line for line in table if line.startswith("bridge ")]
+    assert bridge.endswith("answers 20 ms late")
+    if generation == "actions":
+        assert "speculative step on" in bridge and "speculative step on" in done.stderr
     # The executor's lines are progress, on stderr, and the table alone is on stdout.
     assert "[selftest] round 1: loss" in done.stderr
     assert not any("round 1: loss" in line for line in table)

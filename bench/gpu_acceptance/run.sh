@@ -10,16 +10,18 @@
 #   fsdp        the same model through accelerate-configs/fsdp.yaml (FSDP2), one process
 #   deepspeed   through accelerate-configs/deepspeed-zero2.yaml, one process; DeepSpeed's
 #               ops, where it needs any, JIT-build with the machine's nvcc
-#   actions     the same job on the action protocol of later Hypha workers; the speculative
-#               step on and off is not in this checkout yet (issue "today's Hypha"): said
+#   actions     the same job on the action protocol of later Hypha workers, the stand-in's
+#               answers held back 50 ms as a remote scheduler's, with the speculative step
+#   actions-blocking  the same without it (--speculative-step off), the executor alone
 # The sharded parts need a GPU and are skipped (and said) without one. Everything lands in
 # DIR (default gpu-acceptance-results/): summary.txt (every part's table, exit code and
 # time, and what was skipped), each part's findings as JSON, and logs.tar.gz (stdout and
-# stderr of every part). About 6 minutes on an H100; the limits add up to 8.
+# stderr of every part). About 6 minutes on an H100; the limits add up to 8 and a half.
 #
 # Settings: HYPHA_ACCEPTANCE_MODEL (default gpt2-124m; the local dry run passes tiny),
-# HYPHA_ACCEPTANCE_PARTS (default "selftest fsdp deepspeed profile actions": a rerun can take
-# fewer),
+# HYPHA_ACCEPTANCE_PARTS (default "selftest fsdp deepspeed profile actions actions-blocking":
+# a rerun can take fewer), HYPHA_ACCEPTANCE_ANSWER_DELAY_MS (default 50: the actions parts'
+# answer delay),
 # PYTHON (default python3, the machine's own).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -68,25 +70,38 @@ part() {
     [ "$rc" = 0 ] || failed=1
 }
 
-parts=" ${HYPHA_ACCEPTANCE_PARTS:-selftest fsdp deepspeed profile actions} "
+parts=" ${HYPHA_ACCEPTANCE_PARTS:-selftest fsdp deepspeed profile actions actions-blocking} "
+delay=${HYPHA_ACCEPTANCE_ANSWER_DELAY_MS:-50}
 wanted() { [[ $parts == *" $1 "* ]]; }
-wanted selftest && part selftest 150
+wanted selftest && part selftest 125
 if [ "$gpus" -gt 0 ]; then
-    wanted fsdp && part fsdp 90 --accelerate-config fsdp --num-processes 1 --rounds 2
-    wanted deepspeed && part deepspeed 100 --accelerate-config deepspeed-zero2 --num-processes 1 --rounds 2
+    wanted fsdp && part fsdp 70 --accelerate-config fsdp --num-processes 1 --rounds 2
+    wanted deepspeed && part deepspeed 80 --accelerate-config deepspeed-zero2 --num-processes 1 --rounds 2
     if wanted profile; then
         say ""
         say "== profile: where a bare step's GPU time goes (bench/gpu_acceptance/profile_step.py)"
-        timeout -k 10 45 "$python" bench/gpu_acceptance/profile_step.py --model "$model" >>"$summary" 2>"$logs/profile.log" ||
+        timeout -k 10 35 "$python" bench/gpu_acceptance/profile_step.py --model "$model" >>"$summary" 2>"$logs/profile.log" ||
             say "   (exit $?; see logs.tar.gz)"
     fi
 else
     say ""
     say "== fsdp, deepspeed, profile: skipped: no GPU (accelerate shards only on GPUs)"
 fi
-wanted actions && part actions 90 --bridge-generation actions --skip oom
-say ""
-say "== actions, speculative step on and off: skipped: the executor has no speculative step yet (issue \"today's Hypha\")"
+actions=(--bridge-generation actions --answer-delay-ms "$delay")
+wanted actions && part actions 120 "${actions[@]}" --speculative-step on --skip oom
+wanted actions-blocking && part actions-blocking 75 "${actions[@]}" --speculative-step off --skip bare,oom
+if [ -f "$out/actions.json" ] && [ -f "$out/actions-blocking.json" ]; then
+    say ""
+    "$python" - "$out" "$delay" <<'PY' 2>&1 | tee -a "$summary"
+import json, sys
+on, off = (json.load(open(f"{sys.argv[1]}/{n}.json"))["figures"]["executor_samples_per_s"]
+           for n in ("actions", "actions-blocking"))
+rate = lambda x: "none" if x is None else f"{x:.1f}"
+ratio = f"{on / off:.3f}" if on and off else "n/a"
+print(f"== speculative step, answers {sys.argv[2]} ms late: samples/s {rate(on)} on, "
+      f"{rate(off)} off, ratio {ratio}")
+PY
+fi
 
 tar -czf "$out/logs.tar.gz" -C "$logs" .
 say ""

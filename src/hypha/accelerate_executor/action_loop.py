@@ -23,6 +23,10 @@ anything.
 
 Never a stale status: each action is answered with the status of what it did, so a sample
 is reported once (upstream resends its previous status after `execute-batch{0}`).
+
+Never an idle device while the scheduler decides (speculative.py): after a status that
+usually leads to a batch, the next batch's gradient is computed while the status is on its
+way, and stepped on when the answer is `execute-batch`, dropped when not.
 """
 
 from __future__ import annotations
@@ -64,13 +68,19 @@ if TYPE_CHECKING:
     import torch
 
     from hypha.accelerate_executor.action_bridge import ActionBridgeClient
+    from hypha.accelerate_executor.data import Batch
     from hypha.accelerate_executor.diloco import GlobalWeights
+    from hypha.accelerate_executor.speculative import SpeculativeStep
 
 # The RFC's minimum loop time: an action that trains nothing (idle, waiting, execute-batch{0})
 # is not answered sooner than this after the previous status, so a scheduler that answers at
 # once is not asked again in a tight loop. Batches that train are reported at once.
 MIN_LOOP_S = 0.1
 RECEIVE_DIR = "incoming"
+# Statuses after which the scheduler usually answers `execute-batch`: the next batch's
+# gradient is computed while they are on their way. Each is the status of an action every
+# rank reports alike, so every rank decides the same.
+BEFORE_A_BATCH = frozenset({"batch-completed", "applied-update", "received-model"})
 
 
 @dataclass
@@ -78,6 +88,8 @@ class _Window:
     """What was trained since the last sent update: the numbers `sent-update` reports."""
 
     batches: int = 0
+    # From asking to having trained, summed over the actions that trained: the scheduler's
+    # round trips count, since the worker waits for them (as alpha.17's statuses count).
     seconds: float = 0.0
     loss_sum: torch.Tensor | None = None
 
@@ -95,11 +107,13 @@ class ActionTrainer(Workbench):
         pseudo_gradient_dtype: str,
         micro_batch_size: int | None = None,
         trust_remote_code: bool = False,
+        speculative_step: bool = True,
     ) -> None:
         import torch
 
         from hypha.accelerate_executor.action_bridge import ActionBridgeClient
         from hypha.accelerate_executor.diloco import GlobalWeights
+        from hypha.accelerate_executor.speculative import SpeculativeStep, cannot_drop
 
         self.client = None
 
@@ -116,6 +130,15 @@ class ActionTrainer(Workbench):
         self.models_sent = 0
         self.window = _Window()
         self.said_lr_multiplier = False
+        self.ahead: SpeculativeStep | None = None
+        self.speculation_note = "speculative step off, as asked: each action is awaited"
+        if speculative_step and (why := cannot_drop(self.accelerator)) is not None:
+            self.speculation_note = f"speculative step off: {why}; each action is awaited"
+        elif speculative_step:
+            self.speculation_note = "speculative step on"
+            self.ahead = SpeculativeStep(
+                self.step, self.model, self.accelerator.device, super().next_batch
+            )
 
     # The loop.
 
@@ -126,22 +149,35 @@ class ActionTrainer(Workbench):
             f"parameters, batch {config.batch_size} over {self.ranks.count} process(es) on "
             f"{self.accelerator.device}, action protocol"
         )
+        self.say(self.speculation_note)
         status: Status | None = JOINED
         last_report = time.monotonic()
         finished = False
         try:
             while status is not None:
-                action = self.ranks.share(self._ask(status))
+                action = self.ranks.share(self._ask_and_compute(status))
+                if self.ahead is not None:
+                    self.ahead.settle(isinstance(action, ExecuteBatch) and action.batches > 0)
                 started = time.monotonic()
                 status = self.perform(action, last_report)
                 last_report = time.monotonic() if status is not None else started
-            self.say(f"terminated by the scheduler after {self.round} round(s)")
+            tally = "" if self.ahead is None else f"; {self.ahead.tally()}"
+            self.say(f"terminated by the scheduler after {self.round} round(s){tally}")
             finished = True
         finally:
             # As in training.Trainer.run: the process leaves without the interpreter's join
             # of our threads, so a finished job lets the slice fetch in flight end first.
             self.data.close(wait=finished)
+            if self.ahead is not None:
+                self.ahead.close()
         self.ranks.finish()
+
+    def _ask_and_compute(self, status: Status) -> Action | None:
+        """Rank 0's answer to `status` (None on the others), the next batch's gradient
+        computed meanwhile on every rank where that is worth it."""
+        if self.ahead is not None and status.state in BEFORE_A_BATCH:
+            return self.ahead.while_computing(lambda: self._ask(status))
+        return self._ask(status)
 
     def _ask(self, status: Status) -> Action | None:
         return self.client.update(status) if self.client is not None else None
@@ -189,15 +225,17 @@ class ActionTrainer(Workbench):
             )
         if batches == 0:
             self.wait_until(0.0, last_report)
-        started = time.perf_counter()
         for _ in range(batches):
-            loss = self.step(self.next_batch())
+            loss = self.ahead.stepped() if self.ahead is not None else None
+            if loss is None:
+                loss = self.step(self.next_batch())
             self.lr_schedule.step()
             if self.window.loss_sum is None:
                 self.window.loss_sum = torch.zeros((), device=self.accelerator.device)
             self.window.loss_sum += loss
             self.window.batches += 1
-        self.window.seconds += time.perf_counter() - started
+        if batches:
+            self.window.seconds += time.monotonic() - last_report
         return batch_completed(self.job.config.batch_size, batches)
 
     def send_update(self, target: ActionPeersReference, weight: float) -> Status:
@@ -279,6 +317,9 @@ class ActionTrainer(Workbench):
         return SENT_MODEL
 
     # Parts.
+
+    def next_batch(self) -> Batch:
+        return self.ahead.next_batch() if self.ahead is not None else super().next_batch()
 
     def wait_until(self, deadline: float, last_report: float) -> None:
         """Until the scheduler's deadline, and at least MIN_LOOP_S after the last status."""

@@ -105,13 +105,20 @@ class MicroBatchedStep:
     def __call__(self, batch: Batch) -> torch.Tensor:
         """Trains one step on `batch` (this rank's share); returns this rank's part of the
         worker batch's mean loss, detached and on the device. The optimizer has stepped."""
+        loss = self.gradients(batch)
+        self.apply()
+        return loss
+
+    def gradients(self, batch: Batch) -> torch.Tensor:
+        """The step's forward and backward on `batch`, without the optimizer step: its
+        gradient is left on the parameters for `apply` (or `drop`). Returns what `__call__`
+        returns. A step is exactly `gradients` then `apply`."""
         samples = next(iter(batch.values())).shape[0]
         while True:
             loss = self._attempt(batch)
             if loss is not None:
                 return loss
-            self.optimizer.zero_grad(set_to_none=True)
-            self.accelerator.gradient_state._set_sync_gradients(True)
+            self.drop()
             clear_device_cache(garbage_collection=True)
             tried = min(self.micro_batch_size, samples)
             if tried == 1:
@@ -121,6 +128,16 @@ class MicroBatchedStep:
                 f"out of memory in micro-batches of {tried} samples: "
                 f"running the step again in micro-batches of {self.micro_batch_size}"
             )
+
+    def apply(self) -> None:
+        """The optimizer step on the gradient `gradients` left."""
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def drop(self) -> None:
+        """Forgets the gradient `gradients` left (or a part of one), as if it never ran."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.accelerator.gradient_state._set_sync_gradients(True)
 
     def _attempt(self, batch: Batch) -> torch.Tensor | None:
         """The step in micro-batches of the current size; None if memory ran out."""
@@ -158,8 +175,6 @@ class MicroBatchedStep:
             fits = False
         if not fits:
             return None
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
         return losses[0] if len(losses) == 1 else torch.stack(losses).sum()
 
     def _forward_backward(self, micro: Batch, synchronise: bool) -> torch.Tensor:

@@ -51,6 +51,7 @@ from hypha.accelerate_executor.job import (
     job_bytes,
     parse_any_job_bytes,
 )
+from hypha.accelerate_executor.speculative import SPECULATIVE_STEP_ENV
 from hypha.accelerate_executor.workbench import Workbench, say
 
 if TYPE_CHECKING:
@@ -313,6 +314,17 @@ def micro_batch_size(value: str) -> int | None:
     return int(value)
 
 
+def speculative_step(value: str) -> bool:
+    """`--speculative-step` / HYPHA_SPECULATIVE_STEP: on (also 1, true, yes, empty) or off
+    (also 0, false, no)."""
+    choice = value.strip().lower()
+    if choice in ("", "on", *TRUTHY):
+        return True
+    if choice in ("off", "0", "false", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"speculative step {value!r} is neither on nor off")
+
+
 def parse_arguments(argv: list[str]) -> argparse.Namespace:
     parser = OneLineArgumentParser(
         prog=f"python -m {PROG}",
@@ -346,6 +358,14 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
         type=micro_batch_size,
         default=os.environ.get("HYPHA_MICRO_BATCH_SIZE", "auto"),
         help="samples per micro-batch (default auto: the whole batch, halved on out of memory)",
+    )
+    parser.add_argument(
+        "--speculative-step",
+        type=speculative_step,
+        default=os.environ.get(SPECULATIVE_STEP_ENV, "on"),
+        help="action protocol: compute the next batch's gradient while the scheduler's answer "
+        "is on its way, step on it only if the answer is execute-batch (default on; off "
+        f"awaits each answer; also ${SPECULATIVE_STEP_ENV})",
     )
     arguments = parser.parse_args(argv)
     # Remote code in a model repository runs only when the operator opts in.
@@ -418,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
             arguments.trust_remote_code,
         )
         if isinstance(job, ActionJob):
-            ActionTrainer(job, *settings).run()
+            ActionTrainer(job, *settings, arguments.speculative_step).run()
         else:
             Trainer(job, *settings).run()
         return EXIT_OK

@@ -74,6 +74,21 @@ def parser() -> argparse.ArgumentParser:
         help="the Hypha side the stand-in plays: alpha.17's statuses or the action protocol "
         "of later workers (default alpha17)",
     )
+    p.add_argument(
+        "--speculative-step",
+        choices=("on", "off"),
+        default="on",
+        help="action protocol: the executor's speculative step (docs/protocol-actions.md; "
+        "default on)",
+    )
+    p.add_argument(
+        "--answer-delay-ms",
+        type=float,
+        default=0.0,
+        metavar="MS",
+        help="hold back each of the stand-in scheduler's answers this long, as a remote "
+        "scheduler's network hop would (the stand-in answers at once; default 0)",
+    )
     p.add_argument("--rounds", type=int, default=3, help="DiLoCo rounds, the first is warm-up")
     p.add_argument("--steps-per-round", type=int, metavar="N", help="default: the model's")
     p.add_argument("--batch-size", type=int, metavar="N", help="default: the model's")
@@ -200,7 +215,7 @@ def selftest(args: argparse.Namespace) -> int:
     total, multiplied = parameter_counts(size)
     report = Report(
         __version__, host, size, total, multiplied, precision, config_name, processes,
-        args.bridge_generation,
+        args.bridge_generation, args.speculative_step, args.answer_delay_ms,
     )  # fmt: skip
     say(f"{host.backend}, {len(host.devices)} device(s); {size.name}, {precision}, {config_name}")
     # The executor's lines (through the local worker) belong with the progress, not the table.
@@ -225,8 +240,9 @@ def selftest(args: argparse.Namespace) -> int:
         bare()
         with part(report, "executor"):
             report.executor = runs.run_executor(
-                core, spec, config_path, processes, folder, args.timeout
-            )
+                core, spec, config_path, processes, folder, args.timeout,
+                args.speculative_step, args.answer_delay_ms / 1e3,
+            )  # fmt: skip
         bare()
         auto = args.accelerate_config == "auto"
         run_device_checks(report, skip, auto, lambda: runs.oom_check(job, assets, precision))

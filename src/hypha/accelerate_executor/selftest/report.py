@@ -28,6 +28,8 @@ class Report:
     config: str  # the accelerate config's name and distributed type
     processes: int
     generation: str = "alpha17"  # the bridge generation the stand-in played
+    speculative_step: str = "on"  # the action loop's --speculative-step
+    answer_delay_ms: float = 0.0  # each scheduler answer held back this long
     executor: ExecutorRun | None = None
     bare: list[BareRun] = field(default_factory=list)  # before and after the executor
     oom: OomCheck | None = None
@@ -125,8 +127,11 @@ def render(report: Report, verdict: Verdict) -> str:
         f"x {size.seq_len} tokens, mixed precision {report.mixed_precision}",
     ))  # fmt: skip
     rows.append(("accelerate", f"{report.config}, {report.processes} process(es)"))
-    protocol = "alpha.17 statuses" if report.generation == "alpha17" else "action protocol"
-    rows.append(("bridge", f"{protocol}, against the local stand-in"))
+    protocol = "alpha.17 statuses"
+    if report.generation != "alpha17":
+        protocol = f"action protocol, speculative step {report.speculative_step}"
+    late = f", answers {report.answer_delay_ms:g} ms late" if report.answer_delay_ms else ""
+    rows.append(("bridge", f"{protocol}, against the local stand-in{late}"))
     run = report.executor
     if run is not None:
         losses = run.losses

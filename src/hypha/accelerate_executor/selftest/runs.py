@@ -84,6 +84,28 @@ def start_job(assets: Assets, options: RunOptions) -> tuple[CoordinatorCore, dic
     return core, core.assign_job(WORKER)
 
 
+class LateAnswers:
+    """A bridge backend whose answers to statuses (both generations') come `delay_s` late,
+    as a remote scheduler's would: the stand-in's come at once."""
+
+    def __init__(self, backend: Any, delay_s: float) -> None:
+        self._backend = backend
+        self._delay_s = delay_s
+
+    def action(self, request: dict[str, Any]) -> dict[str, Any]:
+        time.sleep(self._delay_s)
+        answer: dict[str, Any] = self._backend.action(request)
+        return answer
+
+    def status(self, progress: Any) -> dict[str, Any]:
+        time.sleep(self._delay_s)
+        answer: dict[str, Any] = self._backend.status(progress)
+        return answer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+
 def run_executor(
     core: CoordinatorCore,
     spec: dict[str, Any],
@@ -91,17 +113,22 @@ def run_executor(
     processes: int,
     work_base: Path,
     timeout_s: float,
+    speculative_step: str = "on",
+    answer_delay_s: float = 0.0,
 ) -> ExecutorRun:
     """Runs the job through the path a Hypha worker takes: the launcher (config, ranks), the
     training ranks, the bridge client, and across a real Unix socket the stand-in's bridge,
-    scheduler, data node and parameter server (in this process)."""
+    scheduler, data node and parameter server (in this process), whose every answer to a
+    status comes `answer_delay_s` late."""
     launch = ("--accelerate-config", str(config_path), "--num-processes", str(processes))
     entry = ExecutorEntry(sys.executable, ("-m", LAUNCHER, *launch, *EXECUTOR_ARGS))
-    worker = LocalWorker(WORKER, entry, work_base)
+    env = {"HYPHA_SPECULATIVE_STEP": speculative_step}
+    worker = LocalWorker(WORKER, entry, work_base, env=env)
     ended: list[int] = []
 
     def serve() -> None:
-        result = worker.run(json.dumps(spec), core.backend(spec["job_id"]))
+        backend = LateAnswers(core.backend(spec["job_id"]), answer_delay_s)
+        result = worker.run(json.dumps(spec), backend)
         ended.append(result.exit_code)
         core.report_exit(spec["job_id"], result.exit_code, result.leaks)
 

@@ -1,0 +1,252 @@
+"""The speculative step (docs/protocol-actions.md) does the blocking loop's arithmetic: the
+executor, as a real process against the stand-in's action-era bridge on a real Unix socket,
+answered by a scripted scheduler, sends bit for bit the pseudo-gradients (weight 1: its
+weights less the unchanged global ones) that it sends with the speculative step off, both
+when every answer trains and when idle, `execute-batch{0}` and the round's own actions make
+it drop gradients computed ahead and train their batches later. GPT-2's dropout is on, so
+the random draws must be the blocking loop's too: torch seeds itself anew in each process,
+so the executor runs here under a fixed seed."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load
+
+from hypha.accelerate_executor.actions import system_time
+from hypha.accelerate_executor.local.action_scheduler import peers
+from test_action_protocol import action_bridge, assets_dir, zero_update
+
+PS = "12D3KooWJ6MBkbH3o7j2yhhDAF7gRxA4Zm5cpuEUr2Znp1VvNBw3"
+SOURCE = peers([PS], "All")
+__all__ = ["assets_dir"]  # the module-scoped fixture, shared
+
+
+def batches(n: int) -> dict[str, Any]:
+    return {"kind": "execute-batch", "batches": n}
+
+
+def idle() -> dict[str, Any]:
+    return {"kind": "idle", "timeout": system_time(time.time())}
+
+
+SEEDED_EXECUTOR = [
+    sys.executable,
+    "-c",
+    "import runpy, torch; torch.manual_seed(0); "
+    "runpy.run_module('hypha.accelerate_executor.training', run_name='__main__')",
+]
+SEND = {"kind": "send-update", "target": SOURCE, "weight": 1.0}
+APPLY = {"kind": "apply-update", "source": SOURCE, "timeout": "later"}
+TERMINATE = {"kind": "terminate"}
+
+# Every answer trains, bar the round's send and apply (a zero update: theta_global stays
+# the initial model, so each send is the weights' drift from it).
+ALL_BATCHES = [*[batches(1)] * 5, batches(3), SEND, APPLY, *[batches(1)] * 3, SEND, TERMINATE]
+# Answers after a trained batch that train nothing drop the gradient computed ahead.
+INTERLEAVED = [
+    idle(), batches(1), batches(0), batches(2), idle(), batches(1), SEND, batches(0),
+    APPLY, batches(1), idle(), batches(1), batches(0), batches(0), batches(2), SEND, TERMINATE,
+]  # fmt: skip
+
+
+def answering(script: list[dict[str, Any]]) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """The scheduler: each status answered with the script's next action, `later` a
+    deadline a minute from then."""
+    answers = iter(script)
+
+    def answer(details: dict[str, Any]) -> dict[str, Any]:
+        action = next(answers)
+        if action.get("timeout") == "later":
+            return {**action, "timeout": system_time(time.time() + 60)}
+        return action
+
+    return answer
+
+
+def run(
+    script: list[dict[str, Any]], speculative: str, assets_dir: Path, work: Path
+) -> tuple[list[dict[str, Any]], list[dict[str, torch.Tensor]], str]:
+    """The statuses, the pseudo-gradients sent and stdout of one run of the script."""
+    with action_bridge(assets_dir, work, answering(script)) as (job_json, bridge, backend):
+        for _ in range(script.count(APPLY)):
+            backend.push(zero_update(assets_dir))
+        env = {**os.environ, "JOB_JSON": job_json, "HYPHA_SPECULATIVE_STEP": speculative}
+        done = subprocess.run(
+            [*SEEDED_EXECUTOR, "--socket", str(bridge.socket_path), "--work-dir", str(work)],
+            capture_output=True, text=True, env=env, timeout=300,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return backend.statuses, [load(data) for _, data in backend.sent], done.stdout
+
+
+def same_tensors(left: dict[str, torch.Tensor], right: dict[str, torch.Tensor]) -> bool:
+    return left.keys() == right.keys() and all(torch.equal(left[k], right[k]) for k in left)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", [ALL_BATCHES, INTERLEAVED], ids=["all-batches", "interleaved"])
+def test_the_speculative_step_trains_bit_for_bit_as_the_blocking_loop(
+    script: list[dict[str, Any]], assets_dir: Path, short_tmp: Path
+) -> None:
+    blocking = run(script, "off", assets_dir, short_tmp / "blocking")
+    speculative = run(script, "on", assets_dir, short_tmp / "speculative")
+    assert "speculative step off, as asked" in blocking[2]
+    assert "speculative step on" in speculative[2]
+
+    statuses, sent, out = speculative
+    assert _without_rates(statuses) == _without_rates(blocking[0])
+    assert len(sent) == script.count(SEND) == 2
+    for ours, theirs in zip(sent, blocking[1], strict=True):
+        assert same_tensors(ours, theirs)
+    assert any(t.abs().max() > 0 for t in sent[-1].values())  # it did train
+    # Each gradient computed ahead was used or dropped: used after every trained batch that
+    # was followed by more, dropped where the next answer trained nothing.
+    [last] = [line for line in out.splitlines() if line.startswith("terminated")]
+    expected = _ahead(script)
+    assert f"{expected[0]} gradient(s) computed ahead used, {expected[1]} dropped" in last
+
+
+STATUS_OF = {"idle": "idle", "execute-batch": "batch-completed", "send-update": "sent-update"}
+
+
+@pytest.mark.slow
+def test_two_ranks_stay_in_step_through_dropped_and_used_gradients(
+    assets_dir: Path, short_tmp: Path
+) -> None:
+    """accelerate launch, 2 CPU ranks (gloo): every rank computes each gradient ahead and
+    drops or uses it as rank 0's answer says (DDP's backward all-reduces: a rank out of step
+    would hang or fail), through idle, `batches: 0` and the round's actions."""
+    work = short_tmp / "work"
+    with action_bridge(assets_dir, work, answering(INTERLEAVED)) as (job_json, bridge, backend):
+        backend.push(zero_update(assets_dir))
+        launcher = [sys.executable, "-m", "hypha.accelerate_executor.launcher"]
+        done = subprocess.run(
+            [*launcher, "--accelerate-config", "multi-cpu", "--num-processes", "2",
+             "--socket", str(bridge.socket_path), "--work-dir", str(work)],
+            capture_output=True, text=True, timeout=600,
+            env={**os.environ, "JOB_JSON": job_json, "HYPHA_SPECULATIVE_STEP": "on"},
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "over 2 process(es)" in done.stdout and "speculative step on" in done.stdout
+    expected = ["joined"] + [
+        "applied-update" if a["kind"] == "apply-update" else STATUS_OF[a["kind"]]
+        for a in INTERLEAVED[:-1]
+    ]
+    assert [d["state"] for d in backend.statuses] == expected
+    [last] = [line for line in done.stdout.splitlines() if "terminated" in line]
+    used, dropped = _ahead(INTERLEAVED)
+    assert f"{used} gradient(s) computed ahead used, {dropped} dropped" in last
+    final = load(backend.sent[-1][1])
+    assert all(torch.isfinite(t).all() for t in final.values())
+    assert any(t.abs().max() > 0 for t in final.values())
+
+
+def _without_rates(statuses: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The statuses without what depends on the clock (samples/s)."""
+    return [
+        {**s, "metrics": {k: v for k, v in s["metrics"].items() if k != "samples_per_second"}}
+        if "metrics" in s
+        else s
+        for s in statuses
+    ]
+
+
+def _ahead(script: list[dict[str, Any]]) -> tuple[int, int]:
+    """(used, dropped) gradients computed ahead: one after every trained batch (its status
+    is batch-completed) and every applied update, used when the next answer trains."""
+    used = dropped = 0
+    for before, after in itertools.pairwise(script):
+        if before.get("kind") in ("execute-batch", "apply-update"):
+            if after.get("kind") == "execute-batch" and after["batches"] > 0:
+                used += 1
+            else:
+                dropped += 1
+    return used, dropped
+
+
+class BatchNormNet(torch.nn.Module):
+    """What a forward changes besides the gradient: BatchNorm's statistics, dropout's draws."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(1, 4, 5)
+        self.norm = torch.nn.BatchNorm2d(4)
+        self.drop = torch.nn.Dropout(0.3)
+        self.head = torch.nn.Linear(4 * 24 * 24, 10)
+
+    def forward(self, pixel_values: torch.Tensor, labels: torch.Tensor) -> dict[str, Any]:
+        hidden = self.drop(torch.relu(self.norm(self.conv(pixel_values))))
+        logits = self.head(hidden.flatten(1))
+        return {"loss": torch.nn.functional.cross_entropy(logits, labels)}
+
+
+def test_a_dropped_gradient_leaves_weights_statistics_and_draws_as_they_were() -> None:
+    """In one process, in micro-batches of 4 (accumulation, then the sync flag): computing
+    ahead and dropping twice, then using, ends where plain steps end, bit for bit."""
+    from accelerate import Accelerator
+
+    from hypha.accelerate_executor.distributed import Ranks
+    from hypha.accelerate_executor.speculative import SpeculativeStep
+    from hypha.accelerate_executor.steps import MicroBatchedStep
+
+    generator = torch.Generator().manual_seed(1)
+    batches = [
+        {"pixel_values": torch.randn(12, 1, 28, 28, generator=generator),
+         "labels": torch.randint(0, 10, (12,), generator=generator)}
+        for _ in range(3)
+    ]  # fmt: skip
+
+    def trained(speculative: bool) -> BatchNormNet:
+        model = BatchNormNet()
+        accelerator = Accelerator(cpu=True)
+        prepared, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters()))
+        names = ["pixel_values", "labels"]
+        step = MicroBatchedStep(accelerator, prepared, optimizer, Ranks(accelerator), 12, names, 4)
+        data = iter(batches)
+        torch.manual_seed(2)
+        if not speculative:
+            for _ in batches:
+                step(next(data))
+            return model
+        ahead = SpeculativeStep(step, prepared, accelerator.device, lambda: next(data))
+        for trains in (False, False, True, True):  # batch 1 dropped twice, then 1 and 2 used
+            assert ahead.while_computing(lambda: "answer") == "answer"
+            ahead.settle(trains)
+            if trains:
+                assert ahead.stepped() is not None
+        step(ahead.next_batch())  # batch 3, not computed ahead
+        ahead.close()
+        assert (ahead.used, ahead.dropped) == (2, 2)
+        return model
+
+    plain, ahead = trained(False).state_dict(), trained(True).state_dict()
+    assert same_tensors(plain, ahead)
+    assert int(ahead["norm.num_batches_tracked"]) == 9  # 3 steps of 3 micro-batches
+
+
+def test_the_setting_is_on_or_off() -> None:
+    from hypha.accelerate_executor.training import speculative_step
+
+    assert all(speculative_step(value) for value in ("on", "ON", "1", "true", "yes", ""))
+    assert not any(speculative_step(value) for value in ("off", "0", "false", "no"))
+    with pytest.raises(argparse.ArgumentTypeError, match="neither on nor off"):
+        speculative_step("maybe")
+
+
+# The scripts themselves are what the test relies on: both kinds of answer follow a batch.
+def test_the_interleaved_script_drops_and_uses() -> None:
+    used, dropped = _ahead(INTERLEAVED)
+    assert used >= 3 and dropped >= 4
+    assert _ahead(ALL_BATCHES) == (8, 2)
