@@ -58,7 +58,7 @@ def _headers(value: str | None) -> dict[str, str]:
         return {}
     from opentelemetry.util.re import parse_env_headers
 
-    return parse_env_headers(value, liberal=True)
+    return dict(parse_env_headers(value, liberal=True))
 
 
 def upstream_from(env: Mapping[str, str]) -> Upstream | None:
