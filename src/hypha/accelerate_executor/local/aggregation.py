@@ -60,6 +60,15 @@ class Aggregation:
         self._busy = True
         threading.Thread(target=self._average, args=(files,), daemon=True).start()
 
+    def forward(self, job_id: str, from_peer: str, data: bytes) -> None:
+        """Queues a file a worker sent to another (a model for a late joiner)."""
+        self._queue(job_id, from_peer, data)
+        self._lock.notify_all()
+
+    def _queue(self, job_id: str, from_peer: str, data: bytes) -> None:
+        seq = self._seq[job_id] = self._seq.get(job_id, 0) + 1
+        self._pushes.setdefault(job_id, []).append(Push(seq, from_peer, data))
+
     def next_push(self, job_id: str, after: int, wait_s: float) -> Push | None:
         queue = self._pushes.setdefault(job_id, [])
         queue[:] = [push for push in queue if push.seq > after]
@@ -85,8 +94,7 @@ class Aggregation:
             }
             self.rounds.append(record)
             for job_id in self._senders() or []:
-                seq = self._seq[job_id] = self._seq.get(job_id, 0) + 1
-                self._pushes.setdefault(job_id, []).append(Push(seq, self.peer, update))
+                self._queue(job_id, self.peer, update)
             self._busy = False
             self._closed(record)
             self.maybe_start()

@@ -38,6 +38,7 @@ class WorkerRecord:
     peer_id: str
     job_id: str
     assigned_at: float
+    joined_round: int = 0  # the round its job began in (a late joiner's is not 0)
     rounds: list[RoundRecord] = field(default_factory=lambda: [RoundRecord(0)])
     # Keyed by the round number the executor reports.
     metrics: dict[int, dict[str, float]] = field(default_factory=dict)
