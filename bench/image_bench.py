@@ -128,7 +128,9 @@ def measure(
         "native": (preset("process"), None),
         "container": (container_entry(image, played), played),
     }
-    warmup = RunOptions(workers=1, rounds=2, steps_per_round=2, batch_size=options.batch_size, generation="alpha17")
+    warmup = RunOptions(
+        workers=1, rounds=2, steps_per_round=2, batch_size=options.batch_size, generation="alpha17"
+    )
     for name, (entry, owner) in entries.items():
         log(f"warm-up: {name}")
         run_job(entry, owner, warmup, work_base)

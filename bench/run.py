@@ -73,12 +73,16 @@ class Size:
     batch_size: int = 8
     # One worker; lead 1 so a late ScheduleUpdate shows as overshoot.
     status: RunOptions = field(
-        default_factory=lambda: RunOptions(workers=1, rounds=5, steps_per_round=40, generation="alpha17")
+        default_factory=lambda: RunOptions(
+            workers=1, rounds=5, steps_per_round=40, generation="alpha17"
+        )
     )
     status_repeats: int = 3
     # 2 workers on the 2 cores, rounds of 15 batches each: where per-round costs show.
     short_rounds: RunOptions = field(
-        default_factory=lambda: RunOptions(workers=2, rounds=5, steps_per_round=15, generation="alpha17")
+        default_factory=lambda: RunOptions(
+            workers=2, rounds=5, steps_per_round=15, generation="alpha17"
+        )
     )
     rounds_repeats: int = 3
     rounds_delays_ms: tuple[int, ...] = rounds.DELAYS_MS

@@ -148,7 +148,8 @@ def one_job(
 ) -> Iterator[tuple[str, BridgeServer]]:
     """A coordinator for `workers` workers, a job for the first, and its bridge."""
     coordinator = Coordinator(
-        Catalog.from_assets(ensure_assets(assets_dir)), RunOptions(workers=workers, rounds=50, generation="alpha17")
+        Catalog.from_assets(ensure_assets(assets_dir)),
+        RunOptions(workers=workers, rounds=50, generation="alpha17"),
     )
     coordinator.start()
     client = CoordinatorClient(coordinator.url)

@@ -17,7 +17,9 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 def test_two_round_diloco_job_in_the_container(cpu_image: str, work_base: Path) -> None:
     record = run_job(
-        docker_entry(cpu_image), work_base, RunOptions(workers=1, rounds=2, steps_per_round=4, generation="alpha17")
+        docker_entry(cpu_image),
+        work_base,
+        RunOptions(workers=1, rounds=2, steps_per_round=4, generation="alpha17"),
     )
     assert record["exit_code"] == 0
     assert record["rounds_completed"] == 2

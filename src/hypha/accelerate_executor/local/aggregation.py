@@ -32,7 +32,7 @@ class Aggregation:
     ) -> None:
         self.peer = peer
         self.rounds: list[dict[str, Any]] = []
-        self._optimizer = optimizer
+        self.optimizer = optimizer
         self._lock = lock
         self._senders = senders
         self._closed = closed
@@ -78,7 +78,7 @@ class Aggregation:
     def _average(self, files: dict[str, bytes]) -> None:
         started = time.time()
         try:
-            update, skipped = self._optimizer.step_files(list(files.values()))
+            update, skipped = self.optimizer.step_files(list(files.values()))
         except Exception as exc:  # an unreadable file: safetensors and torch raise many kinds
             with self._lock:
                 self._busy = False

@@ -24,6 +24,7 @@ from hypha.accelerate_executor.local.aggregation import Aggregation
 from hypha.accelerate_executor.local.backend import ERROR_KINDS, Push, RemoteFile
 from hypha.accelerate_executor.local.console import say, warn
 from hypha.accelerate_executor.local.data_service import Catalog, DataService
+from hypha.accelerate_executor.local.job_status import last_line
 from hypha.accelerate_executor.local.jobs import RunOptions, job_spec, new_peer_id
 from hypha.accelerate_executor.local.parameter_server import NesterovOuterOptimizer
 from hypha.accelerate_executor.local.records import RoundRecord, WorkerRecord
@@ -91,9 +92,11 @@ class CoordinatorCore:
         False if the run was cancelled or ended first."""
         with self._cond:
             self._cond.wait_for(
-                lambda: self.cancelled is not None
-                or self.finished()
-                or (self.actions is not None and self.actions.round >= index),
+                lambda: (
+                    self.cancelled is not None
+                    or self.finished()
+                    or (self.actions is not None and self.actions.round >= index)
+                ),
                 timeout_s,
             )
             return self.actions is not None and self.actions.round >= index
@@ -333,11 +336,20 @@ class CoordinatorCore:
             self._record(job_id)
             return self.aggregation.next_push(job_id, after, wait_s)
 
-    def report_exit(self, job_id: str, exit_code: int, leaks: list[str]) -> None:
+    def report_exit(
+        self,
+        job_id: str,
+        exit_code: int,
+        leaks: list[str],
+        status: dict[str, str | None] | None = None,
+    ) -> None:
+        """`status`: the job status a worker of the later releases reports (job_status.py),
+        where the executor's stderr went instead of the worker's output."""
         with self._cond:
             record = self._record(job_id)
             record.exit_code = exit_code
             record.leaks = list(leaks)
+            record.status = status
             # A worker that is gone no longer holds up the round, nor counts in projections.
             self.scheduler.remove_worker(record.peer_id)
             if self.actions is not None:
@@ -348,7 +360,12 @@ class CoordinatorCore:
             self._print_rounds()
             self._cond.notify_all()
         if exit_code != 0:
-            warn(self.name, f"{record.name}'s executor exited with {exit_code}")
+            failure = last_line(status and status.get("err"))
+            warn(
+                self.name,
+                f"{record.name}'s executor exited with {exit_code}"
+                + (f": {failure}" if failure else ""),
+            )
 
     # Summary.
 

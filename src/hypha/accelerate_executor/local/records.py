@@ -46,6 +46,8 @@ class WorkerRecord:
     exit_code: int | None = None
     leaks: list[str] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
+    # The job status a worker of the later releases reports (its executor's stderr tail).
+    status: dict[str, str | None] | None = None
 
     @property
     def round(self) -> RoundRecord:
