@@ -78,7 +78,7 @@ class Cell:
 
 def task_catalog(job: str, root: Path) -> tuple[Catalog, dict[str, Any]]:
     sys.path.insert(0, str(REPO / "tests"))  # the task matrix's tiny models and slices
-    from task_models import CASES
+    from task_models import CASES  # type: ignore[import-not-found]
 
     case = next(case for case in CASES if case.task == TASK_JOBS[job])
     repository = "tasks/" + case.task
@@ -149,9 +149,9 @@ def table(cells: list[Cell]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for c in cells:
-        loss = (
-            "-" if c.first is None else f"{c.first:.3f} -> {c.last:.3f} (x{c.last / c.first:.2f})"
-        )  # type: ignore[operator]
+        loss = "-"
+        if c.first is not None and c.last is not None:
+            loss = f"{c.first:.3f} -> {c.last:.3f} (x{c.last / c.first:.2f})"
         exits = ", ".join("-" if code is None else str(code) for code in c.exit_codes)
         lines.append(
             f"| {c.generation} | {c.job} | {c.ranks} | {exits} | {c.rounds} | {loss} | {c.seconds:.0f} |"
