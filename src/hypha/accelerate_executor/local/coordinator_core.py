@@ -360,7 +360,7 @@ class CoordinatorCore:
             self._print_rounds()
             self._cond.notify_all()
         if exit_code != 0:
-            failure = last_line(status and status.get("err"))
+            failure = last_line(status.get("err") if status else None)
             warn(
                 self.name,
                 f"{record.name}'s executor exited with {exit_code}"
