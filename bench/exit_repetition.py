@@ -204,7 +204,9 @@ def one_job(path: str, assets: Path | None) -> int:
     from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
     from hypha.accelerate_executor.local.worker import LocalWorker, serve_one_job
 
-    options = RunOptions(workers=1, rounds=ROUNDS, steps_per_round=STEPS_PER_ROUND)
+    options = RunOptions(
+        workers=1, rounds=ROUNDS, steps_per_round=STEPS_PER_ROUND, generation="alpha17"
+    )
     coordinator = Coordinator(Catalog.from_assets(ensure_assets(assets)), options)
     coordinator.start()
     # Short (a socket path must fit 107 bytes) and traversable by the container's uid.

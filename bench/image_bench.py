@@ -128,7 +128,9 @@ def measure(
         "native": (preset("process"), None),
         "container": (container_entry(image, played), played),
     }
-    warmup = RunOptions(workers=1, rounds=2, steps_per_round=2, batch_size=options.batch_size)
+    warmup = RunOptions(
+        workers=1, rounds=2, steps_per_round=2, batch_size=options.batch_size, generation="alpha17"
+    )
     for name, (entry, owner) in entries.items():
         log(f"warm-up: {name}")
         run_job(entry, owner, warmup, work_base)
@@ -218,7 +220,11 @@ def main() -> int:
         args.work_base.mkdir(parents=True, exist_ok=True)
         args.work_base.chmod(0o755)  # the played worker's uid must reach its work dir
         options = RunOptions(
-            workers=1, rounds=args.rounds, steps_per_round=args.steps, batch_size=args.batch_size
+            workers=1,
+            rounds=args.rounds,
+            steps_per_round=args.steps,
+            batch_size=args.batch_size,
+            generation="alpha17",
         )
         results = report(
             args.image, sizes, measure(args.image, options, args.repeats, args.work_base)

@@ -135,7 +135,9 @@ def measure(
     mixed_precision: str,
 ) -> InnerLoopResult:
     assets = ensure_assets(spec=shape.asset_spec())
-    options = RunOptions(workers=1, rounds=rounds, steps_per_round=steps_per_round)
+    options = RunOptions(
+        workers=1, rounds=rounds, steps_per_round=steps_per_round, generation="alpha17"
+    )
     with Coordinator(Catalog.from_assets(assets), options, name="bench-coordinator") as coordinator:
         job = parse_job(json.dumps(coordinator.job_spec(str(uuid.uuid4()))))
         before = bare_loop(job, assets, steps_per_round, rounds, mixed_precision)

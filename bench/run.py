@@ -73,12 +73,16 @@ class Size:
     batch_size: int = 8
     # One worker; lead 1 so a late ScheduleUpdate shows as overshoot.
     status: RunOptions = field(
-        default_factory=lambda: RunOptions(workers=1, rounds=5, steps_per_round=40)
+        default_factory=lambda: RunOptions(
+            workers=1, rounds=5, steps_per_round=40, generation="alpha17"
+        )
     )
     status_repeats: int = 3
     # 2 workers on the 2 cores, rounds of 15 batches each: where per-round costs show.
     short_rounds: RunOptions = field(
-        default_factory=lambda: RunOptions(workers=2, rounds=5, steps_per_round=15)
+        default_factory=lambda: RunOptions(
+            workers=2, rounds=5, steps_per_round=15, generation="alpha17"
+        )
     )
     rounds_repeats: int = 3
     rounds_delays_ms: tuple[int, ...] = rounds.DELAYS_MS
@@ -105,8 +109,8 @@ SIZES = {
         sync_shapes=(SMALL_1M, MEDIUM_10M, HUGE_100M),
         sync_rounds=3,
         sync_dtypes=("float32", "bfloat16"),
-        demo=RunOptions(workers=2, rounds=3, steps_per_round=15),
-        status=RunOptions(workers=1, rounds=3, steps_per_round=30),
+        demo=RunOptions(workers=2, rounds=3, steps_per_round=15, generation="alpha17"),
+        status=RunOptions(workers=1, rounds=3, steps_per_round=30, generation="alpha17"),
         status_repeats=1,
         rounds_repeats=1,
         overhead_blocks=(5, 100),
@@ -120,10 +124,10 @@ SIZES = {
         sync_shapes=(MICRO,),
         sync_rounds=1,
         sync_dtypes=("float32",),
-        demo=RunOptions(workers=2, rounds=2, steps_per_round=3),
-        status=RunOptions(workers=1, rounds=2, steps_per_round=4),
+        demo=RunOptions(workers=2, rounds=2, steps_per_round=3, generation="alpha17"),
+        status=RunOptions(workers=1, rounds=2, steps_per_round=4, generation="alpha17"),
         status_repeats=1,
-        short_rounds=RunOptions(workers=2, rounds=2, steps_per_round=3),
+        short_rounds=RunOptions(workers=2, rounds=2, steps_per_round=3, generation="alpha17"),
         rounds_repeats=1,
         rounds_delays_ms=(0,),
         overhead_blocks=(1, 5),

@@ -114,7 +114,7 @@ def serve_hypha_side(work_dir: str, rounds: int, connection: Connection) -> None
     sys.stdout = sys.stderr  # its lines would break up the results table
     try:
         # One worker, one batch per round, ScheduleUpdate{0} at once: nothing but the sync.
-        options = RunOptions(workers=1, rounds=rounds, steps_per_round=1)
+        options = RunOptions(workers=1, rounds=rounds, steps_per_round=1, generation="alpha17")
         catalog = Catalog.from_assets(ensure_assets())  # it must have data; none is fetched
         with Coordinator(catalog, options, name="bench-coordinator") as coordinator:
             job = coordinator.assign_job("bench-worker")

@@ -88,7 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=15, help="batches per round")
     args = parser.parse_args(argv)
     options = RunOptions.for_job(
-        "causal-lm", workers=1, rounds=args.rounds, steps_per_round=args.steps
+        "causal-lm",
+        workers=1,
+        rounds=args.rounds,
+        steps_per_round=args.steps,
+        generation="alpha17",  # the side its figures (docs/performance.md) were measured on
     )
     try:
         # The executor's and the coordinator's lines would break up the result.

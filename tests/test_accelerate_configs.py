@@ -55,7 +55,7 @@ def entry(name: str, folder: Path, port: int) -> ExecutorEntry:
 
 
 def round_losses(name: str, tmp: Path, work_base: Path, assets: Path, port: int) -> list[float]:
-    options = RunOptions(workers=1, rounds=3, steps_per_round=10)
+    options = RunOptions(workers=1, rounds=3, steps_per_round=10, generation="alpha17")
     out = tmp / name
     out.mkdir()
     # A bound, not a figure: a ZeRO-2 run has been seen to stall past 10 minutes on a

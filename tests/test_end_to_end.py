@@ -74,7 +74,7 @@ def test_two_accelerate_processes_through_two_rounds(
     """accelerate launch with 2 CPU processes (gloo): only rank 0 talks to the bridge, both
     ranks take the same decisions, and the pseudo-gradient comes from the unwrapped model."""
     entry = launcher_entry("multi-cpu", 2)
-    options = RunOptions(workers=1, rounds=2, steps_per_round=12)
+    options = RunOptions(workers=1, rounds=2, steps_per_round=12, generation="alpha17")
     run_demo(options, entry, out_dir=tmp_path / "out", work_base=short_tmp, assets_dir=assets_dir)
     captured = capfd.readouterr()
     output = captured.out + captured.err
@@ -89,7 +89,7 @@ def test_two_accelerate_processes_through_two_rounds(
 def test_fsdp_config_without_gpus_trains_unsharded_and_says_so(
     assets_dir: Path, tmp_path: Path, short_tmp: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    options = RunOptions(workers=1, rounds=2, steps_per_round=4)
+    options = RunOptions(workers=1, rounds=2, steps_per_round=4, generation="alpha17")
     entry = launcher_entry("fsdp", 1)
     run_demo(options, entry, out_dir=tmp_path / "out", work_base=short_tmp, assets_dir=assets_dir)
     output = "".join(capfd.readouterr())
@@ -109,7 +109,7 @@ def test_deepspeed_configs_train_two_rounds(
     CPU over gloo, so the micro batch, the sharded fp32 master weights and the update's load
     across ranks are real."""
     entry = launcher_entry(config, 2)
-    options = RunOptions(workers=1, rounds=2, steps_per_round=12)
+    options = RunOptions(workers=1, rounds=2, steps_per_round=12, generation="alpha17")
     run_demo(options, entry, out_dir=tmp_path / "out", work_base=short_tmp, assets_dir=assets_dir)
     output = "".join(capfd.readouterr())
     summary = summary_of(tmp_path / "out")
@@ -134,7 +134,7 @@ def test_processes_accelerate_does_not_join_are_refused(
         config.replace("use_cpu: false", "use_cpu: true").replace("bf16", '"no"')
     )
     entry = launcher_entry(str(fsdp_on_cpu), 2)
-    options = RunOptions(workers=1, rounds=2, steps_per_round=4)
+    options = RunOptions(workers=1, rounds=2, steps_per_round=4, generation="alpha17")
     run_demo(options, entry, out_dir=tmp_path / "out", work_base=short_tmp, assets_dir=assets_dir)
     output = "".join(capfd.readouterr())
     assert summary_of(tmp_path / "out")["workers"]["w1"]["exit_code"] != 0
@@ -148,7 +148,8 @@ def one_job(
 ) -> Iterator[tuple[str, BridgeServer]]:
     """A coordinator for `workers` workers, a job for the first, and its bridge."""
     coordinator = Coordinator(
-        Catalog.from_assets(ensure_assets(assets_dir)), RunOptions(workers=workers, rounds=50)
+        Catalog.from_assets(ensure_assets(assets_dir)),
+        RunOptions(workers=workers, rounds=50, generation="alpha17"),
     )
     coordinator.start()
     client = CoordinatorClient(coordinator.url)

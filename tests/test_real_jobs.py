@@ -106,7 +106,9 @@ def run_job(
 def run_default_job(
     catalog: Catalog, work_base: Path, command: list[str], env: dict[str, str]
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
-    options = RunOptions(workers=1, rounds=3, steps_per_round=8, batch_size=600)
+    options = RunOptions(
+        workers=1, rounds=3, steps_per_round=8, batch_size=600, generation="alpha17"
+    )
     return run_job(catalog, work_base, command, env, options, default_job)
 
 
@@ -155,7 +157,9 @@ def test_language_slices_without_labels_train_causal_lm(tmp_path: Path, short_tm
         mask[1::2, -5:] = 0
         save_file({"input_ids": ids * mask, "attention_mask": mask}, language / path.name)
     catalog = replace(Catalog.from_assets(assets), dataset_dir=language)
-    options = RunOptions(workers=1, rounds=3, steps_per_round=15, batch_size=24)
+    options = RunOptions(
+        workers=1, rounds=3, steps_per_round=15, batch_size=24, generation="alpha17"
+    )
     result, worker = run_job(catalog, short_tmp, EXECUTOR, {}, options)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     losses = [metrics["loss"] for _, metrics in sorted(worker["metrics"].items())]
@@ -185,7 +189,7 @@ def test_the_masked_lm_job_trains_offline(tmp_path: Path, short_tmp: Path) -> No
     # Two workers, as the demo runs it (6 rounds of 30 batches): one worker alone sometimes
     # stalls on a plateau near 3.8 (2 of 12 runs on torch 2.8, x0.90-0.91 after 6 rounds),
     # which two workers' averaged updates leave (5 of 5 runs: x0.34-0.39).
-    options = RunOptions.for_job("bert-mlm", workers=2)
+    options = RunOptions.for_job("bert-mlm", workers=2, generation="alpha17")
     out = tmp_path / "out"
     run_demo(options, preset("process"), out_dir=out, work_base=short_tmp,
              assets_dir=tmp_path / "assets")  # fmt: skip

@@ -24,7 +24,7 @@ from task_models import CASES, TaskCase
 pytestmark = pytest.mark.slow
 OPTIONS = RunOptions(
     workers=1, rounds=3, steps_per_round=6, batch_size=8, learning_rate=1e-2,
-    lr_schedule="constant", outer_momentum=0.5,
+    lr_schedule="constant", outer_momentum=0.5, generation="alpha17",
 )  # fmt: skip
 
 

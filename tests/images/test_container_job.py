@@ -17,7 +17,9 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 def test_two_round_diloco_job_in_the_container(cpu_image: str, work_base: Path) -> None:
     record = run_job(
-        docker_entry(cpu_image), work_base, RunOptions(workers=1, rounds=2, steps_per_round=4)
+        docker_entry(cpu_image),
+        work_base,
+        RunOptions(workers=1, rounds=2, steps_per_round=4, generation="alpha17"),
     )
     assert record["exit_code"] == 0
     assert record["rounds_completed"] == 2
@@ -34,7 +36,7 @@ def test_a_cancelled_job_ends_on_sigterm_before_the_sigkill(
     record = run_job(
         docker_entry(cpu_image),
         work_base,
-        RunOptions(workers=1, rounds=1, steps_per_round=100_000),
+        RunOptions(workers=1, rounds=1, steps_per_round=100_000, generation="alpha17"),
         cancel_after_batches=2,
     )
     assert record["exit_code"] == 143
@@ -48,7 +50,7 @@ def test_two_cpu_ranks_through_accelerate_launch_in_the_container(
     record = run_job(
         docker_entry(cpu_image, "--accelerate-config", "multi-cpu", "--num-processes", "2"),
         work_base,
-        RunOptions(workers=1, rounds=2, steps_per_round=8),
+        RunOptions(workers=1, rounds=2, steps_per_round=8, generation="alpha17"),
     )
     assert record["exit_code"] == 0
     assert record["rounds_completed"] == 2

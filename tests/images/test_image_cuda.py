@@ -148,7 +148,7 @@ def test_two_round_diloco_job_on_the_cpu_in_the_container(
     record = run_job(
         docker_entry(cuda_image[1]),
         work_base,
-        RunOptions(workers=1, rounds=2, steps_per_round=4),
+        RunOptions(workers=1, rounds=2, steps_per_round=4, generation="alpha17"),
     )
     assert record["exit_code"] == 0
     assert record["rounds_completed"] == 2

@@ -127,6 +127,8 @@ def make_coordinator(catalog: Catalog) -> Iterator[Callable[..., Coordinator]]:
     started: list[Coordinator] = []
 
     def make(clock: Callable[[], float] = time.monotonic, **options: Any) -> Coordinator:
+        # These tests are about alpha.17's bridge and scheduler: the generation is pinned.
+        options = {"generation": "alpha17", **options}
         coordinator = Coordinator(catalog, RunOptions(**options), clock=clock)
         coordinator.start()
         started.append(coordinator)

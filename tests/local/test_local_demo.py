@@ -25,7 +25,9 @@ TOY = ExecutorEntry(
 @pytest.mark.slow
 def test_demo_trains_two_workers_and_writes_the_report(assets_dir, short_dir, tmp_path, capsys):
     out = tmp_path / "out"
-    options = RunOptions(workers=2, rounds=3, steps_per_round=20, lr_schedule="constant")
+    options = RunOptions(
+        workers=2, rounds=3, steps_per_round=20, lr_schedule="constant", generation="alpha17"
+    )
     code = run_demo(
         options, TOY, out_dir=out, work_base=short_dir, assets_dir=assets_dir, timeout_s=300
     )
@@ -83,7 +85,9 @@ def test_demo_plays_the_default_hypha_job_with_the_real_executor(
     # Needs the executor's half of the real-jobs work: remote code, the image preprocessor,
     # batches of 600 across 1000-sample slices, slices rewritten in place under it.
     out = tmp_path / "out"
-    options = RunOptions.for_job("lenet", workers=2)  # 6 rounds: the job's own length
+    options = RunOptions.for_job(
+        "lenet", workers=2, generation="alpha17"
+    )  # 6 rounds: the job's own length
     executor = preset("process", trust_remote_code=True)
     code = run_demo(
         options, executor, out_dir=out, work_base=short_dir, assets_dir=assets_dir, timeout_s=600

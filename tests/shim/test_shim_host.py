@@ -236,7 +236,8 @@ def test_a_real_job_through_the_bundle(
         shim, ("run", "--variant", "mps-host", "--bundle", str(mps_bundle), *EXECUTOR_ARGS)
     )
     coordinator = Coordinator(
-        Catalog.from_assets(ensure_assets()), RunOptions(workers=1, rounds=2, steps_per_round=4)
+        Catalog.from_assets(ensure_assets()),
+        RunOptions(workers=1, rounds=2, steps_per_round=4, generation="alpha17"),
     )
     coordinator.start()
     try:

@@ -68,7 +68,7 @@ def run_job(
 
     coordinator = TokenCoordinator(
         Catalog.from_assets(ensure_assets()),
-        RunOptions(workers=1, rounds=rounds, steps_per_round=steps),
+        RunOptions(workers=1, rounds=rounds, steps_per_round=steps, generation="alpha17"),
     )
     coordinator.start()
     try:
@@ -201,7 +201,7 @@ def run_through_worker_configs_shim_entry(
     config.write_text(printed.stdout)
     out = tmp_path / "out"
     code = run_demo(
-        RunOptions.for_job(job, workers=2),
+        RunOptions.for_job(job, workers=2, generation="alpha17"),
         executor_entry(f"toml:{config}"),
         out_dir=out,
         work_base=job_base,

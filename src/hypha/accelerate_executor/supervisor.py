@@ -121,7 +121,7 @@ class Supervisor:
     """Runs one child in a new session (its own process group) to its end or to a stop.
 
     `start` spawns it (stdout piped to `on_output` chunk by chunk, b"" at its end, when
-    given); `wait` blocks until it exits or `interrupts` asks for a stop, passes the stop on
+    given; stderr likewise to `on_error`); `wait` blocks until it exits or `interrupts` asks for a stop, passes the stop on
     under the policy, and returns the child's exit status.
     """
 
@@ -131,6 +131,7 @@ class Supervisor:
         self.process: subprocess.Popen[bytes] | None = None
         self.killed = False  # True when the grace ran out and SIGKILL ended it
         self._reader: threading.Thread | None = None
+        self._error_reader: threading.Thread | None = None
         self._exited = threading.Event()
 
     def start(
@@ -139,6 +140,7 @@ class Supervisor:
         env: Mapping[str, str],
         *,
         on_output: Callable[[bytes], object] | None = None,
+        on_error: Callable[[bytes], object] | None = None,
         stdin: int | None = subprocess.DEVNULL,
     ) -> subprocess.Popen[bytes]:
         process = subprocess.Popen(
@@ -146,6 +148,7 @@ class Supervisor:
             env=dict(env),
             stdin=stdin,
             stdout=subprocess.PIPE if on_output else None,
+            stderr=subprocess.PIPE if on_error else None,
             start_new_session=True,
         )
         self.process = process
@@ -156,6 +159,12 @@ class Supervisor:
                 target=_read, args=(process.stdout, on_output), daemon=True
             )
             self._reader.start()
+        if on_error is not None:
+            assert process.stderr is not None
+            self._error_reader = threading.Thread(
+                target=_read, args=(process.stderr, on_error), daemon=True
+            )
+            self._error_reader.start()
         return process
 
     def run(self, argv: Sequence[str], env: Mapping[str, str]) -> int:
@@ -177,8 +186,9 @@ class Supervisor:
             # taken, so signalling the group cannot hit a stranger.
             self._signal(signal.SIGKILL, whole_group=True)
         code = process.wait()
-        if self._reader is not None:
-            self._reader.join(DRAIN_S)
+        for reader in (self._reader, self._error_reader):
+            if reader is not None:
+                reader.join(DRAIN_S)
         return exit_status(code)
 
     @property

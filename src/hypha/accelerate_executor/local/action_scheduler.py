@@ -1,42 +1,45 @@
-"""The action-era train scheduler's answers (docs/protocol-actions.md section 4), as upstream's
-rl_scheduler.rs (id 66469012466, the one scheduler found that sends `execute-batch{batches}`)
-and batch_scheduler.rs decide them:
+"""The action-era train scheduler's answers (docs/protocol-actions.md section 4), decided as
+upstream's `crates/scheduler/src/scheduling/rl_scheduler.rs` (index id 66469012466) and the
+train scheduler with `execute-batch{batches}` whose tests tests/local replays
+(`batch_scheduler.rs`, index id 66542311247) decide them, with their `statistics.rs`
+(index id 66460343894) and `simulation.rs` (index id 66551745366):
 
-- a round has a sample target; each `batch-completed` adds `batch_size x batches` samples to
-  the round and to the worker's share;
-- a worker's per-batch time is the time since its last report over `batches`, a running mean;
-  its first report, `applied-update` and `batches: 0` only reset its clock;
-- `batches` is 1 until every worker has a time; then every worker is played forward at its
-  mean until the round's samples run out or one reaches MULTI_BATCH_SIZE, and the reporter
-  gets its own count, which may be 0;
-- at the target, `send-update{weight}`, weight = the worker's samples / the round's; once
-  every worker sent, the parameter server aggregates and broadcasts; an `idle` from a worker
-  that has not applied the broadcast update gets `apply-update`;
-- after `rounds` broadcasts training is over: the first worker to apply the final update gets
-  `terminate` (no hub to push to), and after it every `idle` does.
+- each `batch-completed` adds `batch_size x batches` samples to the round's count and the
+  worker's share; a worker's per-batch time is a running mean in whole milliseconds,
+  weighted by `batches`, of the time since its last report (the first report,
+  `applied-update` and `batches: 0` only move its clock);
+- `batches` is 1 until every pool member has a mean; then every worker is played forward at
+  its mean until the round's samples run out or one reaches `multi_batch_size`, and the
+  reporter gets its own count, which may be 0;
+- once the count reaches the target, `send-update{weight}` to the primary parameter server
+  (strategy One); the weight's numerator is upstream's: on `idle` the worker's samples, on
+  `batch-completed` its samples before that report plus one `batch_size`;
+- the parameter server's side (`aggregated`, `broadcasted`) opens and closes the window in
+  which an `idle` from a worker that has not applied the update gets `apply-update`;
+- after `rounds` broadcasts training is over: the first worker to have applied the final
+  update is told to push (terminate, with no destination), and every `idle` after that gets
+  `terminate`.
 
-Late joiners (`joined` after round 0: `wait-for-model`, then `receive-model` from the next
-worker to apply an update, which is told `send-model`) are played as section 5 says.
+Late joiners: `joined` after round 0 -> `wait-for-model`; the next worker to report
+`applied-update` is told `send-model` to it (which ends its waiting), and its next
+`waited-for-model` gets `receive-model` from that worker.
 
-Deviation, on purpose: upstream's `batch-completed` branch adds `batch_size` (not
-`batch_size x batches`) to the weight's numerator; here weights are the true shares, so they
-sum to 1. Not thread-safe: the coordinator calls it under its lock.
+Not thread-safe: the coordinator calls it under its lock.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hypha.accelerate_executor.local.scheduler import project
-
 MULTI_BATCH_SIZE = 3
-IDLE_S = 0.5
+SHORT_IDLE_S = 0.5
 WAIT_FOR_MODEL_S = 1.0
-RECEIVE_MODEL_S = 60.0
+LONG_IO_S = 60.0
 APPLY_UPDATE_S = 10.0
+UNSET_MEAN = 2**64 - 1  # statistics.rs: a mean with no sample yet is u64::MAX
 
 
 def system_time(seconds: float) -> dict[str, int]:
@@ -48,53 +51,132 @@ def peers(ids: list[str], strategy: str) -> dict[str, Any]:
     return {"type": "peers", "peers": ids, "strategy": {"type": strategy}, "resource": None}
 
 
+def _div_toward_zero(numerator: int, denominator: int) -> int:
+    """Rust's integer division (i64), which truncates toward zero."""
+    quotient = abs(numerator) // abs(denominator)
+    return quotient if (numerator >= 0) == (denominator > 0) else -quotient
+
+
+@dataclass
+class RunningMean:
+    """Milliseconds per batch, weighted by the batches of each sample (statistics.rs)."""
+
+    value: int = UNSET_MEAN
+    samples: int = 0
+
+    def update(self, time_ms: int, count: int) -> None:
+        if count <= 0:
+            return
+        if self.samples == 0:
+            self.value, self.samples = time_ms // count, count
+            return
+        self.samples += count
+        self.value += _div_toward_zero(time_ms // count - self.value, self.samples)
+
+
+@dataclass(frozen=True)
+class Simulation:
+    time_ms: int
+    to_go: int  # negative when the last batches overshoot the target
+    batches: list[int]
+    capped: bool
+
+
+def simulate(
+    progress_ms: Sequence[int],
+    batch_sizes: Sequence[int],
+    means_ms: Sequence[int],
+    to_go: int,
+    steps_cap: int,
+) -> Simulation:
+    """Plays every worker forward from its last report at its mean until `to_go` samples are
+    trained or one worker reaches `steps_cap` batches (simulation.rs, no time cap)."""
+    batches = [0] * len(batch_sizes)
+    next_ms = [last + mean for last, mean in zip(progress_ms, means_ms, strict=True)]
+    now, capped = 0, False
+    while to_go > 0 and next_ms:
+        now = min(next_ms)
+        # Workers finishing at the same moment count together (upstream's min_set).
+        for index in [i for i, at in enumerate(next_ms) if at == now]:
+            to_go -= batch_sizes[index]
+            batches[index] += 1
+            capped = capped or batches[index] >= steps_cap
+            next_ms[index] += means_ms[index]
+        if capped:
+            break
+    return Simulation(now, to_go, batches, capped)
+
+
 @dataclass
 class _Worker:
+    """A trainer pool member's info (upstream's pool TrainInfo and statistics)."""
+
     batch_size: int
-    mean_ms: float | None = None
-    timed: int = 0  # reports the mean is taken over
-    clock_at: float | None = None  # when its clock was last reset or read, seconds
+    mean: RunningMean = field(default_factory=RunningMean)
+    last_updated_ms: int | None = None
     samples: int = 0  # this round
-    sent: bool = False  # this round
-    applied: int = -1  # the last broadcast round it applied (or received the model of)
-    waiting: bool = False  # a late joiner without the model yet
-    sender: str | None = None  # who sends it the model
+    applied_update: bool = False
+    applied_final_update: bool = False
+    waiting_for_model: bool = False
+    receiving_from: str | None = None
+    is_pusher: bool = False
 
 
 @dataclass
 class ActionScheduler:
     target_samples: int
     rounds: int
-    parameter_server: str
+    parameter_server: str | None
     clock: Callable[[], float] = time.monotonic
     wall: Callable[[], float] = time.time
-    workers: dict[str, _Worker] = field(default_factory=dict)
-    round: int = 0  # broadcasts so far
-    round_samples: int = 0
-    broadcast: bool = False  # an update is out that workers still apply
-    finished_by: str | None = None  # the first worker that applied the final update
+    multi_batch_size: int = MULTI_BATCH_SIZE
+    # (repository, token) to push the final model to; None: terminate instead.
+    push_destination: tuple[str, str] | None = None
+    workers: dict[str, _Worker] = field(default_factory=dict)  # pool order: oldest first
+    round: int = 0
+    count: int = 0  # samples this round
+    sent: set[str] = field(default_factory=set)  # the primary parameter server's worker_updates
+    aggregated_updates: bool = False
+    training_complete: bool = False
+    push_done: bool = False
+
+    def __post_init__(self) -> None:
+        self._start = self.clock()
 
     def add_worker(self, peer: str, batch_size: int) -> None:
-        self.workers[peer] = _Worker(batch_size)
+        """A new pool member. One that comes after round 0 waits for the model from here on:
+        upstream marks it at its `joined`, but until then its quorum and grace period let
+        a round go without it, and the stand-in's parameter server waits for every worker
+        not waiting for a model."""
+        self.workers[peer] = _Worker(batch_size, waiting_for_model=self.round > 0)
 
     def remove_worker(self, peer: str) -> None:
         self.workers.pop(peer, None)
 
-    @property
-    def over(self) -> bool:
-        return self.round >= self.rounds
+    # The parameter server's side.
 
     def senders(self) -> list[str]:
-        """The workers a round's aggregation waits for: every one not waiting for a model."""
-        return [peer for peer, worker in self.workers.items() if not worker.waiting]
+        """Whom an aggregation waits for: every pool worker not waiting for a model."""
+        return [peer for peer, worker in self.workers.items() if not worker.waiting_for_model]
+
+    def aggregated(self) -> list[str]:
+        """The update is ready (`aggregated-updates`): `idle`s get `apply-update` until the
+        broadcast is over. Returns the broadcast's targets: the whole pool."""
+        self.aggregated_updates = True
+        for worker in self.workers.values():
+            worker.applied_update = False
+        return list(self.workers)
 
     def broadcasted(self) -> None:
-        """The parameter server pushed the round's update: the next round starts."""
-        self.round += 1
-        self.round_samples = 0
-        self.broadcast = True
+        """Every target has the update (`broadcasted-update`): the next round starts."""
         for worker in self.workers.values():
-            worker.samples, worker.sent = 0, False
+            worker.samples = 0
+        self.sent.clear()
+        self.round += 1
+        self.training_complete = self.training_complete or self.round >= self.rounds
+        self.count = 0
+        if not self.training_complete:
+            self.aggregated_updates = False
 
     # Answers.
 
@@ -103,111 +185,124 @@ class ActionScheduler:
         worker = self.workers[peer]
         state = details["state"]
         if state == "joined":
-            worker.clock_at = None
             if self.round == 0:
-                return self._idle(IDLE_S)
-            worker.waiting = True
+                return self._idle(SHORT_IDLE_S)
+            worker.waiting_for_model = True
             return {"kind": "wait-for-model", "timeout": self._deadline(WAIT_FOR_MODEL_S)}
         if state == "waited-for-model":
-            if worker.sender is not None:
+            sender, worker.receiving_from = worker.receiving_from, None
+            if sender is not None:
                 return {
                     "kind": "receive-model",
-                    "source": peers([worker.sender], "All"),
-                    "timeout": self._deadline(RECEIVE_MODEL_S),
+                    "source": peers([sender], "All"),
+                    "timeout": self._deadline(LONG_IO_S),
                 }
             return {"kind": "wait-for-model", "timeout": self._deadline(WAIT_FOR_MODEL_S)}
         if state in ("received-model", "sent-model"):
-            if state == "received-model":
-                worker.waiting, worker.sender, worker.applied = False, None, self.round
             return self._idle(0.0)
         if state == "idle":
             return self._on_idle(peer, worker)
         if state == "batch-completed":
             return self._on_batch(peer, worker, int(details["batch_size"]), int(details["batches"]))
         if state == "sent-update":
-            return self._idle(IDLE_S)
+            self.sent.add(peer)
+            return self._idle(SHORT_IDLE_S)
         if state == "applied-update":
             return self._on_applied(peer, worker)
-        if state in ("pushed-to-hub", "terminated"):
+        if state == "pushed-to-hub":
+            self.push_done = self.push_done or worker.is_pusher
+            return {"kind": "terminate"}
+        if state == "terminated":
             return {"kind": "terminate"}
         if state == "error":
-            return self._idle(IDLE_S) if details["type"] == "connection" else {"kind": "terminate"}
+            worker.is_pusher = False
+            if details["type"] == "connection":
+                return self._idle(SHORT_IDLE_S)
+            return {"kind": "terminate"}
         raise ValueError(f"unknown train state {state!r}")
 
     def _on_idle(self, peer: str, worker: _Worker) -> dict[str, Any]:
-        if self.finished_by is not None:
+        if self.training_complete and self.push_done:
             return {"kind": "terminate"}
-        if self.broadcast and worker.applied < self.round and not worker.waiting:
+        if self.aggregated_updates and not worker.applied_update:
             return {
                 "kind": "apply-update",
-                "source": peers([self.parameter_server], "All"),
+                "source": peers(self._parameter_servers(), "All"),
                 "timeout": self._deadline(APPLY_UPDATE_S),
             }
-        if worker.sent or worker.waiting or self.over:
-            return self._idle(IDLE_S)
-        if self.round_samples < self.target_samples:
-            return {"kind": "execute-batch", "batches": self._batches(peer)}
-        return self._send_update(worker)
+        if self.training_complete:
+            if worker.applied_final_update and not any(w.is_pusher for w in self.workers.values()):
+                worker.is_pusher = True
+                if self.push_destination is None:
+                    self.push_done = True
+                    return {"kind": "terminate"}
+                repository, token = self.push_destination
+                return {"kind": "push-to-hub", "repository": repository, "token": token}
+            return self._idle(SHORT_IDLE_S)
+        if peer in self.sent:
+            return self._idle(SHORT_IDLE_S)
+        return self._train_or_send(peer, worker.samples)
 
     def _on_batch(
         self, peer: str, worker: _Worker, batch_size: int, batches: int
     ) -> dict[str, Any]:
-        now = self.clock()
-        if batches > 0 and worker.clock_at is not None:
-            per_batch_ms = (now - worker.clock_at) * 1e3 / batches
-            worker.timed += 1
-            previous = worker.mean_ms or 0.0
-            worker.mean_ms = previous + (per_batch_ms - previous) / worker.timed
-        worker.clock_at = now
+        now_ms = self._since_start_ms()
+        if worker.last_updated_ms:  # upstream: only once its clock is past 0
+            worker.mean.update(max(0, now_ms - worker.last_updated_ms), batches)
+        worker.last_updated_ms = now_ms
+        contribution = worker.samples + batch_size  # upstream's numerator, as it is
+        self.count += batch_size * batches
         worker.samples += batch_size * batches
-        self.round_samples += batch_size * batches
-        if self.over or worker.sent:
-            return self._idle(IDLE_S)
-        if self.round_samples >= self.target_samples:
-            return self._send_update(worker)
-        return {"kind": "execute-batch", "batches": self._batches(peer)}
+        if self.training_complete or peer in self.sent:
+            return self._idle(SHORT_IDLE_S)
+        return self._train_or_send(peer, contribution)
 
     def _on_applied(self, peer: str, worker: _Worker) -> dict[str, Any]:
-        worker.applied = self.round
-        worker.clock_at = self.clock()
-        if all(w.applied >= self.round for w in self.workers.values() if not w.waiting):
-            self.broadcast = False
-        if self.over:
-            if self.finished_by is None:
-                self.finished_by = peer  # no hub: terminate instead of push-to-hub
-                return {"kind": "terminate"}
-            return self._idle(IDLE_S)
-        joiner = next((p for p, w in self.workers.items() if w.waiting and w.sender is None), None)
+        worker.applied_update = True
+        # The update's time is not a batch's: the clock starts again from here.
+        worker.last_updated_ms = self._since_start_ms()
+        if self.training_complete:
+            worker.applied_final_update = True
+            return self._idle(SHORT_IDLE_S)
+        joiner = next((p for p, w in self.workers.items() if w.waiting_for_model), None)
         if joiner is not None:
-            self.workers[joiner].sender = peer
+            self.workers[joiner].waiting_for_model = False
+            self.workers[joiner].receiving_from = peer
             return {"kind": "send-model", "target": peers([joiner], "One")}
         return {"kind": "execute-batch", "batches": 1}
 
-    def _send_update(self, worker: _Worker) -> dict[str, Any]:
-        worker.sent = True
-        weight = worker.samples / self.round_samples if self.round_samples else 0.0
+    def _train_or_send(self, peer: str, contribution: int) -> dict[str, Any]:
+        if self.count < self.target_samples:
+            return {"kind": "execute-batch", "batches": self._batches(peer)}
+        servers = self._parameter_servers()
+        if not servers:
+            return self._idle(SHORT_IDLE_S)  # nobody to send to: wait for a parameter server
         return {
             "kind": "send-update",
-            "target": peers([self.parameter_server], "All"),
-            "weight": weight,
+            "target": peers(servers[:1], "One"),
+            "weight": contribution / self.count,
         }
 
     def _batches(self, peer: str) -> int:
-        """1 until every worker has a time; then its count in the simulation (may be 0)."""
-        pool = list(self.workers.items())
-        if any(worker.mean_ms is None for _, worker in pool):
+        """1 until every pool member has a mean; then its count in the simulation."""
+        pool = list(self.workers.values())
+        means = [w.mean.value for w in pool]
+        if not pool or not all(0 < mean < UNSET_MEAN for mean in means):
             return 1
-        now = self.clock()
-        to_go = self.target_samples - self.round_samples
-        projection = project(
-            [round(((w.clock_at or now) - now) * 1e3) for _, w in pool],
-            [w.batch_size for _, w in pool],
-            [max(1, round(w.mean_ms or 1.0)) for _, w in pool],
-            to_go,
-            time_cap_ms=2**62,
-            steps_cap=MULTI_BATCH_SIZE,
+        simulation = simulate(
+            [w.last_updated_ms or 0 for w in pool],
+            [w.batch_size for w in pool],
+            means,
+            self.target_samples - self.count,
+            self.multi_batch_size,
         )
-        return projection.batches[[p for p, _ in pool].index(peer)]
+        return simulation.batches[list(self.workers).index(peer)]
+
+    def _parameter_servers(self) -> list[str]:
+        return [] if self.parameter_server is None else [self.parameter_server]
+
+    def _since_start_ms(self) -> int:
+        return int((self.clock() - self._start) * 1000)
 
     def _idle(self, seconds: float) -> dict[str, Any]:
         return {"kind": "idle", "timeout": self._deadline(seconds)}

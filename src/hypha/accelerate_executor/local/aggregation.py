@@ -32,7 +32,7 @@ class Aggregation:
     ) -> None:
         self.peer = peer
         self.rounds: list[dict[str, Any]] = []
-        self._optimizer = optimizer
+        self.optimizer = optimizer
         self._lock = lock
         self._senders = senders
         self._closed = closed
@@ -60,6 +60,15 @@ class Aggregation:
         self._busy = True
         threading.Thread(target=self._average, args=(files,), daemon=True).start()
 
+    def forward(self, job_id: str, from_peer: str, data: bytes) -> None:
+        """Queues a file a worker sent to another (a model for a late joiner)."""
+        self._queue(job_id, from_peer, data)
+        self._lock.notify_all()
+
+    def _queue(self, job_id: str, from_peer: str, data: bytes) -> None:
+        seq = self._seq[job_id] = self._seq.get(job_id, 0) + 1
+        self._pushes.setdefault(job_id, []).append(Push(seq, from_peer, data))
+
     def next_push(self, job_id: str, after: int, wait_s: float) -> Push | None:
         queue = self._pushes.setdefault(job_id, [])
         queue[:] = [push for push in queue if push.seq > after]
@@ -69,7 +78,7 @@ class Aggregation:
     def _average(self, files: dict[str, bytes]) -> None:
         started = time.time()
         try:
-            update, skipped = self._optimizer.step_files(list(files.values()))
+            update, skipped = self.optimizer.step_files(list(files.values()))
         except Exception as exc:  # an unreadable file: safetensors and torch raise many kinds
             with self._lock:
                 self._busy = False
@@ -85,8 +94,7 @@ class Aggregation:
             }
             self.rounds.append(record)
             for job_id in self._senders() or []:
-                seq = self._seq[job_id] = self._seq.get(job_id, 0) + 1
-                self._pushes.setdefault(job_id, []).append(Push(seq, self.peer, update))
+                self._queue(job_id, self.peer, update)
             self._busy = False
             self._closed(record)
             self.maybe_start()

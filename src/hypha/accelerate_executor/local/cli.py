@@ -61,9 +61,17 @@ def _run_options_parser() -> OneLineArgumentParser:
     run.add_argument(
         "--generation",
         choices=["alpha17", "actions"],
-        default=os.environ.get("HYPHA_LOCAL_GENERATION") or "alpha17",
-        help="the Hypha side to play: alpha17 (statuses, default) or actions (the action "
-        "protocol of later releases); the workers follow the coordinator's jobs",
+        default=os.environ.get("HYPHA_LOCAL_GENERATION") or "actions",
+        help="the Hypha side to play: actions (the action protocol of the releases after "
+        "v1.0.0-alpha.17, default) or alpha17 (the statuses of v1.0.0-alpha.17 and earlier); "
+        "the workers follow the coordinator's jobs (default: $HYPHA_LOCAL_GENERATION)",
+    )
+    run.add_argument(
+        "--late-workers",
+        type=int,
+        default=0,
+        help="actions only: this many more workers, whose jobs begin after round 1 and who "
+        "get the model from a peer (default 0)",
     )
     run.add_argument("--rounds", type=_count_or_unset, help="DiLoCo rounds (causal-lm 4, lenet 6)")
     run.add_argument(
@@ -225,6 +233,7 @@ def _with_run_options(args: argparse.Namespace) -> int:
         "outer_learning_rate": args.outer_lr,
         "outer_momentum": args.outer_momentum,
         "generation": args.generation,
+        "late_workers": args.late_workers,
     }
     options = RunOptions.for_job(
         args.job, **{name: value for name, value in given.items() if value is not None}

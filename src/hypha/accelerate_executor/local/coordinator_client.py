@@ -123,11 +123,16 @@ class CoordinatorClient:
             raise CoordinatorError(f"coordinator gave no job to {worker}: {exc.detail}") from None
         return json.dumps(job)
 
-    def report_exit(self, job_id: str, exit_code: int, leaks: list[str]) -> None:
+    def report_exit(
+        self,
+        job_id: str,
+        exit_code: int,
+        leaks: list[str],
+        status: dict[str, Any] | None = None,
+    ) -> None:
+        body = {"exit_code": exit_code, "leaks": leaks, "status": status}
         try:
-            self.call(
-                "POST", f"/jobs/{quote(job_id)}/exit", {"exit_code": exit_code, "leaks": leaks}
-            )
+            self.call("POST", f"/jobs/{quote(job_id)}/exit", body)
         except BackendError as exc:
             raise CoordinatorError(
                 f"could not report the end of job {job_id}: {exc.detail}"

@@ -24,6 +24,7 @@ from hypha.accelerate_executor.local.aggregation import Aggregation
 from hypha.accelerate_executor.local.backend import ERROR_KINDS, Push, RemoteFile
 from hypha.accelerate_executor.local.console import say, warn
 from hypha.accelerate_executor.local.data_service import Catalog, DataService
+from hypha.accelerate_executor.local.job_status import last_line
 from hypha.accelerate_executor.local.jobs import RunOptions, job_spec, new_peer_id
 from hypha.accelerate_executor.local.parameter_server import NesterovOuterOptimizer
 from hypha.accelerate_executor.local.records import RoundRecord, WorkerRecord
@@ -57,6 +58,9 @@ class CoordinatorCore:
             self.actions = ActionScheduler(
                 options.target_samples, options.rounds, self.parameter_server_peer, clock
             )
+        # The peers the update being broadcast has yet to reach (action era): the broadcast
+        # is over, and the next round starts, once each has reported `applied-update`.
+        self._broadcast_to: set[str] = set()
         self._cond = threading.Condition()
         self.aggregation = Aggregation(
             NesterovOuterOptimizer(
@@ -83,8 +87,22 @@ class CoordinatorCore:
         with self._cond:
             return self._cond.wait_for(self.finished, timeout_s)
 
+    def wait_for_round(self, index: int, timeout_s: float | None = None) -> bool:
+        """Action era: waits until round `index` has begun (its previous one broadcast);
+        False if the run was cancelled or ended first."""
+        with self._cond:
+            self._cond.wait_for(
+                lambda: (
+                    self.cancelled is not None
+                    or self.finished()
+                    or (self.actions is not None and self.actions.round >= index)
+                ),
+                timeout_s,
+            )
+            return self.actions is not None and self.actions.round >= index
+
     def finished(self) -> bool:
-        return len(self.workers) == self.options.workers and all(
+        return len(self.workers) == self.options.all_workers and all(
             worker.exit_code is not None for worker in self.workers.values()
         )
 
@@ -96,22 +114,24 @@ class CoordinatorCore:
                 raise CoordinatorRefusal(
                     409, "invalid_request", f"worker {worker_name!r} already had its job"
                 )
-            if len(self.workers) >= self.options.workers:
+            if len(self.workers) >= self.options.all_workers:
                 raise CoordinatorRefusal(
-                    409, "invalid_request", f"all {self.options.workers} jobs are assigned"
+                    409, "invalid_request", f"all {self.options.all_workers} jobs are assigned"
                 )
             if self.cancelled is not None:
                 raise CoordinatorRefusal(
                     409, "invalid_request", f"the run is cancelled: {self.cancelled}"
                 )
             record = WorkerRecord(worker_name, new_peer_id(), str(uuid.uuid4()), time.time())
+            if self.actions is not None:
+                record.joined_round = self.actions.round
             self.workers[record.job_id] = record
             self.scheduler.add_worker(record.peer_id, self.options.batch_size)
             if self.actions is not None:
                 self.actions.add_worker(record.peer_id, self.options.batch_size)
         say(
             self.name,
-            f"job {record.job_id} -> {worker_name} ({len(self.workers)}/{self.options.workers})",
+            f"job {record.job_id} -> {worker_name} ({len(self.workers)}/{self.options.all_workers})",
         )
         return self.job_spec(record.job_id)
 
@@ -215,20 +235,39 @@ class CoordinatorCore:
                 raise CoordinatorRefusal(400, "invalid_request", "the request is for another job")
             details = request["status"]["details"]
             if details["state"] == "sent-update":
+                # Keyed by the scheduler's round, as upstream's metrics are: a late joiner's
+                # own count starts at its first round.
                 metrics = {key: float(value) for key, value in details["metrics"].items()}
-                record.metrics[int(details["round"])] = metrics
+                record.metrics[self.actions.round] = metrics
                 self._print_rounds()
+            elif details["state"] == "applied-update":
+                self._reached(record.peer_id)
+                record.round.received_at = time.time()
+                record.rounds.append(RoundRecord(record.round.index + 1))
             elif details["state"] == "error":
                 warn(self.name, f"{record.name} reports {details['type']}: {details['message']}")
             action = self.actions.answer(record.peer_id, details)
+            # A late joiner that now waits for a model is no longer waited for.
+            self.aggregation.maybe_start()
             return {"job_id": job_id, "next": {"executor": "train", "action": action}}
 
     def _violation(self, record: WorkerRecord, what: str) -> None:
         record.violations.append(what)
         warn(self.name, f"{record.name} broke the protocol: {what}")
 
+    def _reached(self, peer: str) -> None:
+        """The broadcast reached `peer` (or it left): the last one ends the broadcast, before
+        its own `applied-update` is answered, as upstream's parameter server reports the
+        end of its send before the last receiver has loaded the update."""
+        if peer in self._broadcast_to:
+            self._broadcast_to.discard(peer)
+            if not self._broadcast_to and self.actions is not None:
+                self.actions.broadcasted()
+                self._cond.notify_all()
+
     def _print_rounds(self) -> None:
-        """Prints each round's losses once every running worker has reported them."""
+        """Prints each round's losses once every running worker has reported them (a late
+        joiner from the round it joined)."""
         if len(self.workers) < self.options.workers:
             return
         reported = sorted(
@@ -237,7 +276,10 @@ class CoordinatorCore:
         )
         for key in reported:
             workers = self.workers.values()
-            if any(key not in w.metrics and w.exit_code is None for w in workers):
+            if any(
+                key not in w.metrics and w.exit_code is None and w.joined_round <= key
+                for w in workers
+            ):
                 return
             losses = {
                 w.name: w.metrics[key]["loss"] for w in workers if "loss" in w.metrics.get(key, {})
@@ -254,15 +296,25 @@ class CoordinatorCore:
         with self._cond:
             record = self._record(job_id)
             if peer != self.parameter_server_peer:
-                raise CoordinatorRefusal(502, "network_error", f"peer {peer} is not reachable")
+                # Action era: a model for a late joiner, straight to its bridge.
+                target = next((job for job, w in self.workers.items() if w.peer_id == peer), None)
+                if self.actions is None or target is None:
+                    raise CoordinatorRefusal(502, "network_error", f"peer {peer} is not reachable")
+                self.aggregation.forward(target, record.peer_id, data)
+                return
             if not self.aggregation.submit(job_id, data):
                 self._violation(record, f"a second pseudo-gradient in round {record.round.index}")
 
     def _senders(self) -> list[str] | None:
-        """The jobs a round waits for: every running one, once every worker has joined."""
+        """The jobs a round waits for: every running one, once every worker has joined (in
+        the action era, one waiting for a model is not waited for, nor sent the update)."""
         if len(self.workers) < self.options.workers:
             return None
-        return [job for job, worker in self.workers.items() if worker.exit_code is None]
+        running = [job for job, worker in self.workers.items() if worker.exit_code is None]
+        if self.actions is None:
+            return running
+        pool = set(self.actions.senders())
+        return [job for job in running if self.workers[job].peer_id in pool]
 
     def _round_closed(self, aggregation: dict[str, Any]) -> None:
         """Under the lock: the update is out, so the scheduler starts the next round."""
@@ -273,7 +325,8 @@ class CoordinatorCore:
                 worker.round.aggregated_at = now
         self.scheduler.updated()
         if self.actions is not None:
-            self.actions.broadcasted()
+            self.actions.aggregated()
+            self._broadcast_to = {self.workers[job].peer_id for job in self._senders() or []}
         if aggregation["skipped_tensors"]:
             skipped = ", ".join(aggregation["skipped_tensors"])
             warn(self.name, f"round {aggregation['round']}: left out {skipped}")
@@ -283,21 +336,36 @@ class CoordinatorCore:
             self._record(job_id)
             return self.aggregation.next_push(job_id, after, wait_s)
 
-    def report_exit(self, job_id: str, exit_code: int, leaks: list[str]) -> None:
+    def report_exit(
+        self,
+        job_id: str,
+        exit_code: int,
+        leaks: list[str],
+        status: dict[str, str | None] | None = None,
+    ) -> None:
+        """`status`: the job status a worker of the later releases reports (job_status.py),
+        where the executor's stderr went instead of the worker's output."""
         with self._cond:
             record = self._record(job_id)
             record.exit_code = exit_code
             record.leaks = list(leaks)
+            record.status = status
             # A worker that is gone no longer holds up the round, nor counts in projections.
             self.scheduler.remove_worker(record.peer_id)
             if self.actions is not None:
                 self.actions.remove_worker(record.peer_id)
+                self._reached(record.peer_id)
             self.data.slices.forget(record.peer_id)
             self.aggregation.maybe_start()
             self._print_rounds()
             self._cond.notify_all()
         if exit_code != 0:
-            warn(self.name, f"{record.name}'s executor exited with {exit_code}")
+            failure = last_line(status.get("err") if status else None)
+            warn(
+                self.name,
+                f"{record.name}'s executor exited with {exit_code}"
+                + (f": {failure}" if failure else ""),
+            )
 
     # Summary.
 

@@ -11,7 +11,7 @@ the workers' bridges call (coordinator_client.py). Thin: every route is a Coordi
     POST /jobs/ID/push?peer=P <bytes>          {} (a file for peer P: the parameter server)
     GET  /jobs/ID/pushes?after=N&wait=S       200 the next file pushed to the job
                                               (X-Seq, X-From-Peer), or 204
-    POST /jobs/ID/exit {"exit_code", "leaks"}  {}
+    POST /jobs/ID/exit {"exit_code", "leaks", "status"?}  {}
     GET  /summary                             the run so far (Coordinator.summary)
 
 Errors are {"error": "connector_error"|"network_error"|"invalid_request", "detail": ...}.
@@ -117,6 +117,7 @@ class _Handler(BaseHTTPRequestHandler):
                         job_id,
                         int(request["exit_code"]),
                         [str(leak) for leak in request.get("leaks", [])],
+                        _status(request.get("status")),
                     )
                     self._json({})
                 case _:
@@ -178,3 +179,13 @@ def _object(body: bytes) -> Any:
     if not isinstance(value, dict | str):
         raise ValueError("expected a JSON object")
     return value
+
+
+def _status(value: Any) -> dict[str, str | None] | None:
+    """A reported job status: its state and texts, each a string or null."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError("expected the job status as a JSON object")
+    fields = ("state", "description", "out", "err")
+    return {name: None if value.get(name) is None else str(value[name]) for name in fields}

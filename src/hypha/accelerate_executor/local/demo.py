@@ -98,7 +98,7 @@ def run_demo(
 
     # The workers share this machine: each executor gets its share of the cores, since
     # oversubscribed torch threads slow every executor down several times.
-    threads_each = str(max(1, (os.cpu_count() or 1) // options.workers))
+    threads_each = str(max(1, (os.cpu_count() or 1) // options.all_workers))
     workers = [
         LocalWorker(
             f"w{index + 1}",
@@ -108,12 +108,23 @@ def run_demo(
             keepalive_s=keepalive_s,
             env={"OMP_NUM_THREADS": threads_each},
         )
-        for index in range(options.workers)
+        for index in range(options.all_workers)
     ]
+
+    def run_late_worker(worker: LocalWorker) -> None:
+        if coordinator.wait_for_round(1, timeout_s):
+            say("demo", f"{worker.name} joins after round 1 (a late joiner)")
+            run_worker(worker)
+
     # Daemons, so a worker stuck past the grace period cannot keep the process alive.
     threads = [
-        threading.Thread(target=run_worker, args=(worker,), name=worker.name, daemon=True)
-        for worker in workers
+        threading.Thread(
+            target=run_worker if index < options.workers else run_late_worker,
+            args=(worker,),
+            name=worker.name,
+            daemon=True,
+        )
+        for index, worker in enumerate(workers)
     ]
     try:
         with cancel_on_signals(coordinator):

@@ -49,9 +49,12 @@ class RunOptions:
     warmup_steps: int = 10
     outer_learning_rate: float = 0.7
     outer_momentum: float = 0.9
-    # The bridge generation the cluster plays: alpha.17's statuses (docs/protocol.md) or the
-    # action protocol of later Hypha releases (docs/protocol-actions.md).
-    generation: Generation = "alpha17"
+    # The bridge generation the cluster plays: the action protocol of the Hypha releases
+    # after alpha.17 (docs/protocol-actions.md), or alpha.17's statuses (docs/protocol.md).
+    generation: Generation = "actions"
+    # Action era: workers whose jobs begin after round 1 (late joiners, who get the model
+    # from a peer), beyond `workers`.
+    late_workers: int = 0
 
     def __post_init__(self) -> None:
         for name in ("workers", "rounds", "steps_per_round", "batch_size"):
@@ -63,6 +66,8 @@ class RunOptions:
             raise UsageError("warmup-steps must not be negative")
         if self.learning_rate <= 0 or self.outer_learning_rate <= 0:
             raise UsageError("learning rates must be positive")
+        if self.late_workers < 0 or (self.late_workers and self.generation != "actions"):
+            raise UsageError("late-workers needs the action protocol (--generation actions)")
         if self.generation not in GENERATIONS:
             raise UsageError(f"generation must be one of {', '.join(GENERATIONS)}")
         if self.job not in JOB_KINDS:
@@ -72,6 +77,10 @@ class RunOptions:
     def for_job(cls, job: JobKind, **overrides: Any) -> RunOptions:
         """The job kind's defaults, then `overrides`."""
         return replace(cls(job=job, **JOB_DEFAULTS.get(job, {})), **overrides)
+
+    @property
+    def all_workers(self) -> int:
+        return self.workers + self.late_workers
 
     @property
     def target_samples(self) -> int:

@@ -38,6 +38,7 @@ class WorkerRecord:
     peer_id: str
     job_id: str
     assigned_at: float
+    joined_round: int = 0  # the round its job began in (a late joiner's is not 0)
     rounds: list[RoundRecord] = field(default_factory=lambda: [RoundRecord(0)])
     # Keyed by the round number the executor reports.
     metrics: dict[int, dict[str, float]] = field(default_factory=dict)
@@ -45,6 +46,8 @@ class WorkerRecord:
     exit_code: int | None = None
     leaks: list[str] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
+    # The job status a worker of the later releases reports (its executor's stderr tail).
+    status: dict[str, str | None] | None = None
 
     @property
     def round(self) -> RoundRecord:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from hypha.accelerate_executor.local.console import say
+from hypha.accelerate_executor.local.job_status import last_line
 
 # The run passes when the last round's mean loss is at most this fraction of the first's.
 LOSS_RATIO = 0.6
@@ -25,7 +26,8 @@ def round_losses(summary: dict[str, Any]) -> dict[int, dict[str, float]]:
 
 def judge(summary: dict[str, Any]) -> dict[str, Any]:
     """The verdict and the figures it rests on, to merge into the summary."""
-    expected = int(summary["options"]["workers"])
+    options = summary["options"]
+    expected = int(options["workers"]) + int(options.get("late_workers", 0))
     workers = summary["workers"]
     reasons = []
     if summary.get("cancelled"):
@@ -34,7 +36,11 @@ def judge(summary: dict[str, Any]) -> dict[str, Any]:
         reasons.append(f"only {len(workers)} of {expected} workers got a job")
     for name, worker in sorted(workers.items()):
         if worker["exit_code"] != 0:
-            reasons.append(f"{name}'s executor exited with {worker['exit_code']}")
+            failure = last_line((worker.get("status") or {}).get("err"))
+            reasons.append(
+                f"{name}'s executor exited with {worker['exit_code']}"
+                + (f": {failure}" if failure else "")
+            )
         reasons += [f"{name} broke the protocol: {violation}" for violation in worker["violations"]]
         reasons += [f"{name} leaked {leak}" for leak in worker["leaks"]]
     rounds = round_losses(summary)

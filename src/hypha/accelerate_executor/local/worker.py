@@ -3,7 +3,9 @@
 Fresh WORK_DIR (work_dirs.py), a bridge on WORK_DIR/bridge.sock, tokens substituted inside
 every argument (executor_entries.py), the child's stdout re-printed line by line
 (stdout_echo.py), SIGTERM then SIGKILL 5 s later on cancellation, and afterwards the bridge
-stopped and WORK_DIR deleted, naming every file the worker's user could not delete.
+stopped and WORK_DIR deleted, naming every file the worker's user could not delete. For an
+action-era job the runtime is that of the later releases: stderr is kept out of the log and
+its tail goes into the job's status (job_status.py), with the stdout's.
 Torch-free, so a compose worker needs only the shim.
 """
 
@@ -17,7 +19,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hypha.accelerate_executor.errors import BackendError, CoordinatorError, WorkerError
 from hypha.accelerate_executor.job import Generation
@@ -25,6 +27,12 @@ from hypha.accelerate_executor.local.backend import BridgeBackend
 from hypha.accelerate_executor.local.bridge_server import BridgeServer
 from hypha.accelerate_executor.local.console import say, warn
 from hypha.accelerate_executor.local.executor_entries import ExecutorEntry, substitute
+from hypha.accelerate_executor.local.job_status import (
+    ERR_TAIL_BYTES,
+    OUT_TAIL_BYTES,
+    Tail,
+    job_status,
+)
 from hypha.accelerate_executor.local.stdout_echo import StdoutEcho
 from hypha.accelerate_executor.local.work_dirs import make_work_dir, remove_work_dir
 from hypha.accelerate_executor.supervisor import (
@@ -50,6 +58,7 @@ class JobResult:
     exit_code: int
     work_dir: Path
     leaks: list[str]
+    status: dict[str, Any] | None = None  # the action-era runtime's job status
 
 
 class LocalWorker:
@@ -86,6 +95,7 @@ class LocalWorker:
     def run(self, job_json: str, backend: BridgeBackend) -> JobResult:
         """Runs the job's executor to its end and cleans up after it."""
         work_dir = make_work_dir(self.work_base, self.owner)
+        generation = self.generation or _generation_of(job_json)
         try:
             bridge = BridgeServer(
                 work_dir,
@@ -93,7 +103,7 @@ class LocalWorker:
                 owner=self.owner,
                 keepalive_s=self.keepalive_s,
                 name=f"{self.name} bridge",
-                generation=self.generation or _generation_of(job_json),
+                generation=generation,
                 job_id=str(json.loads(job_json)["job_id"]),
             )
             try:
@@ -103,7 +113,9 @@ class LocalWorker:
                     f"cannot serve the bridge on {bridge.socket_path}: {exc.strerror or exc}"
                 ) from None
             try:
-                exit_code = self._run_executor(work_dir, bridge.socket_path, job_json)
+                exit_code, status = self._run_executor(
+                    work_dir, bridge.socket_path, job_json, generation == "actions"
+                )
             finally:
                 bridge.stop()
         except BaseException:
@@ -112,7 +124,7 @@ class LocalWorker:
         leaks = [] if self.keep_work_dir else remove_work_dir(work_dir, self.owner)
         for leak in leaks:
             warn(self.name, f"leak: the worker's user cannot delete {leak}")
-        return JobResult(exit_code, work_dir, leaks)
+        return JobResult(exit_code, work_dir, leaks, status)
 
     def cancel(self) -> None:
         """SIGTERM to the executor (its process only, as the worker does); SIGKILL 5 s later."""
@@ -121,21 +133,34 @@ class LocalWorker:
             if self._supervisor is not None:
                 self._stop("ignored SIGTERM", signal.SIGTERM)
 
-    def _run_executor(self, work_dir: Path, socket_path: Path, job_json: str) -> int:
+    def _run_executor(
+        self, work_dir: Path, socket_path: Path, job_json: str, with_status: bool
+    ) -> tuple[int, dict[str, Any] | None]:
+        """The executor's exit code, and with `with_status` the job status the later
+        releases' runtime reports (its stderr then stays out of this worker's output)."""
         values = {"SOCKET_PATH": str(socket_path), "WORK_DIR": str(work_dir), "JOB_JSON": job_json}
         argv = [self.executor.cmd, *(substitute(arg, values) for arg in self.executor.args)]
         policy = StopPolicy(whole_group=False, grace_s=self.kill_after_s, kill_leftovers=False)
         supervisor = Supervisor(Interrupts(signals=()), policy)
         echo = StdoutEcho(self.name, self._stop_reading, self.kill_after_s)
+        out, err = Tail(OUT_TAIL_BYTES), Tail(ERR_TAIL_BYTES)
+
+        def on_output(chunk: bytes) -> bool:
+            out.feed(chunk)
+            return echo.feed(chunk)
+
         with self._lock:
             if self._cancelled:
-                return signal_exit_status(signal.SIGTERM)
+                return signal_exit_status(signal.SIGTERM), None
             try:
                 # Its own process group: a Ctrl-C at the terminal reaches this process, which
                 # cancels the job the worker's way, and not the executor directly.
                 env = {**os.environ, **dict(self.executor.env), **self.env}
                 supervisor.start(
-                    argv, {**env, **telemetry_env(self.name, env), **values}, on_output=echo.feed
+                    argv,
+                    {**env, **telemetry_env(self.name, env), **values},
+                    on_output=on_output if with_status else echo.feed,
+                    on_error=err.feed if with_status else None,
                 )
             except OSError as exc:
                 raise WorkerError(
@@ -149,7 +174,9 @@ class LocalWorker:
             warn(self.name, f"the executor {self._why} after {self.kill_after_s:g} s: SIGKILL")
         if supervisor.output_held:
             warn(self.name, "processes the executor started still hold its stdout after it exited")
-        return exit_code
+        if not with_status:
+            return exit_code, None
+        return exit_code, job_status(exit_code, self._cancelled, supervisor.killed, out, err)
 
     def _stop_reading(self, why: str) -> None:
         """Stdout is no longer read: the executor gets SIGKILL after the grace period."""
@@ -186,16 +213,21 @@ def serve_one_job(
         raise
     finally:
         finished.set()
-    _report_exit(client, worker, job_id, result.exit_code, result.leaks)
+    _report_exit(client, worker, job_id, result.exit_code, result.leaks, result.status)
     return result.exit_code
 
 
 def _report_exit(
-    client: CoordinatorClient, worker: LocalWorker, job_id: str, code: int, leaks: list[str]
+    client: CoordinatorClient,
+    worker: LocalWorker,
+    job_id: str,
+    code: int,
+    leaks: list[str],
+    status: dict[str, Any] | None = None,
 ) -> None:
     # A coordinator that is gone must not hide the executor's own exit code.
     try:
-        client.report_exit(job_id, code, leaks)
+        client.report_exit(job_id, code, leaks, status)
     except CoordinatorError as exc:
         warn(worker.name, str(exc))
 

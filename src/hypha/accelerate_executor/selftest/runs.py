@@ -130,7 +130,7 @@ def run_executor(
         backend = LateAnswers(core.backend(spec["job_id"]), answer_delay_s)
         result = worker.run(json.dumps(spec), backend)
         ended.append(result.exit_code)
-        core.report_exit(spec["job_id"], result.exit_code, result.leaks)
+        core.report_exit(spec["job_id"], result.exit_code, result.leaks, result.status)
 
     started = time.monotonic()
     thread = threading.Thread(target=serve, name="selftest-worker", daemon=True)

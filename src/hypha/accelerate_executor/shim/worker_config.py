@@ -48,6 +48,11 @@ SHIM_NOTE = """\
 # JSON (JOB_JSON, which may hold a Hugging Face token) out of `docker inspect` and every
 # process list. The model's own code (remote code) runs in the network-less container."""
 
+RELEASES_NOTE = """\
+# Any Hypha release: the executor speaks v1.0.0-alpha.17 and earlier (the status protocol)
+# and the releases after it (the action protocol), and picks the one of each job by itself;
+# there is nothing to set. See docs/protocol-actions.md."""
+
 DOCKER_NOTE = """\
 # The worker runs `docker run` itself. NOTE: `--env JOB_JSON` hands the job to the container
 # through its environment, which `docker inspect` shows to anyone who may use the Docker
@@ -156,7 +161,8 @@ def render(variant: str, mode: str, user: str, bundle: str | None) -> str:
     parts = [
         f"# Hypha worker executor entries: hypha-accelerate executor, variant {variant}.\n"
         "# The worker replaces {SOCKET_PATH} and {WORK_DIR} in every argument and exports the\n"
-        "# job as JOB_JSON."
+        "# job as JOB_JSON.",
+        RELEASES_NOTE,
     ]
     if mode == "both":
         parts.append("# Paste ONE of the two entries below (both serve the same executor name).")
