@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from hypha.accelerate_executor.shim.spec import LABEL_JOB_ID
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -94,9 +96,16 @@ def test_compose_cluster_trains_and_leaves_nothing_behind(
     assert summary["options"]["job"] == job
     assert summary["options"]["generation"] == generation
     assert (out / "loss.png").stat().st_size > 0
-    # Neither the cluster's containers nor any executor container the shim started remain.
-    leftovers = subprocess.run(
-        ["docker", "ps", "-a", "--format", "{{.Names}} {{.Image}}"], capture_output=True, text=True
+    # Neither the cluster's containers nor any executor container its shims started remain
+    # (found by the job-id label the shim puts on them: other containers on the engine, a
+    # developer's own, say, are not this run's to judge).
+    names = subprocess.run(
+        ["docker", "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True
     ).stdout
-    assert project not in leftovers
-    assert "hypha-accelerate-executor" not in leftovers
+    assert project not in names
+    for worker in summary["workers"].values():
+        label = f"{LABEL_JOB_ID}={worker['job_id']}"
+        executors = subprocess.run(
+            ["docker", "ps", "-aq", "--filter", f"label={label}"], capture_output=True, text=True
+        ).stdout
+        assert executors == "", f"executor containers of {label} remain: {executors}"
