@@ -1,7 +1,7 @@
 """Runs bridge generation x job x launch through the local stand-in and prints a table: each
 cell's exit codes, rounds reported and the mean loss of the first and last round.
 
-    python bench/job_matrix.py [--ranks native 2-ranks] [--generations actions alpha17]
+    python bench/job_matrix.py [--ranks native shim 2-ranks] [--generations actions alpha17]
                                [--jobs lenet causal-lm resnet t5 masked-lm] [--rounds 3]
 
 Jobs: `lenet` (the shape of the job Hypha's scheduler sends by default), `causal-lm` (the
@@ -9,9 +9,10 @@ stand-in's tiny GPT-2) and `masked-lm` (its tiny BERT) are the stand-in's own jo
 `--rounds` rounds and their own round length; `resnet` (ResNet with BatchNorm, image
 classification) and `t5` (text to text) are the task matrix's tiny models and slices
 (tests/task_models.py), in the stand-in's job with their task and inputs. Launches: `native`
-runs `python -m hypha.accelerate_executor.training`; `2-ranks` runs the launcher with the
-`multi-cpu` accelerate config over 2 processes (gloo). One worker per cell, its executor on
-all of this machine's cores.
+runs `python -m hypha.accelerate_executor.training`; `shim` runs `hypha-accelerate run
+--variant cpu`, the executor in the cpu image (`HYPHA_ACCELERATE_IMAGE` names another tag);
+`2-ranks` runs the launcher with the `multi-cpu` accelerate config over 2 processes (gloo).
+One worker per cell, its executor on all of this machine's cores.
 """
 
 from __future__ import annotations
@@ -37,13 +38,15 @@ REPO = Path(__file__).resolve().parents[1]
 STAND_IN_JOBS = {"lenet": "lenet", "causal-lm": "causal-lm", "masked-lm": "bert-mlm"}
 TASK_JOBS = {"resnet": "image-classification", "t5": "seq2-seq-lm"}
 JOBS = [*STAND_IN_JOBS, *TASK_JOBS]
-RANKS = ["native", "2-ranks"]
+RANKS = ["native", "shim", "2-ranks"]
 CELL_TIMEOUT_S = 900.0
 
 
 def executor(ranks: str, trust_remote_code: bool) -> ExecutorEntry:
-    if ranks == "native":
-        return preset("process", trust_remote_code=trust_remote_code)
+    if ranks in ("native", "shim"):
+        return preset(
+            "process" if ranks == "native" else "shim", trust_remote_code=trust_remote_code
+        )
     args = ("--accelerate-config", "multi-cpu", "--num-processes", "2", *EXECUTOR_ARGS)
     env = (("HYPHA_TRUST_REMOTE_CODE", "1"),) if trust_remote_code else ()
     return ExecutorEntry(sys.executable, ("-m", "hypha.accelerate_executor.launcher", *args), env)
