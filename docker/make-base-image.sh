@@ -40,7 +40,24 @@ rm -f "$rootfs.log"
 # Package lists and caches are dead weight in every image built on top.
 rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/*.bin "$rootfs"/var/cache/apt/archives/*.deb
 
-tar -C "$rootfs" -c . | docker import --platform "linux/$arch" \
-    --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
-    --change 'CMD ["python3"]' - "$image" >/dev/null
+if [ "$arch" = amd64 ]; then
+    tar -C "$rootfs" -c . | docker import \
+        --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+        --change 'CMD ["python3"]' - "$image" >/dev/null
+else
+    # `docker import --platform` is ignored by a 20.10 engine (the image says amd64): the
+    # classic builder's --platform sets the architecture of a FROM scratch image instead.
+    context=$rootfs.context
+    mkdir "$context"
+    trap 'rm -rf "$rootfs" "$context"' EXIT
+    tar -C "$rootfs" -c . >"$context/rootfs.tar"
+    printf '%s\n' 'FROM scratch' 'ADD rootfs.tar /' \
+        'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+        'CMD ["python3"]' >"$context/Dockerfile"
+    DOCKER_BUILDKIT=0 docker build --quiet --platform "linux/$arch" --tag "$image" "$context" \
+        >/dev/null 2>&1 || {
+        echo "make-base-image: docker build --platform linux/$arch failed" >&2
+        exit 1
+    }
+fi
 echo "base image $image made"

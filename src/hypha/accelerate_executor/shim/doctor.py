@@ -88,8 +88,8 @@ def check_image(
     from hypha.accelerate_executor.shim.engine import check_arch, registry_image
 
     if registry and variant == "cpu":
-        tag, found = registry_image(api, registry, variant)
-        return Check(f"image {variant}", "ok", image_detail(tag, found))
+        image = registry_image(api, registry, variant)
+        return Check(f"image {variant}", "ok", image_detail(image.pinned, image.inspected))
     for tag in tags:
         try:
             found = api.inspect_image(tag)
@@ -102,11 +102,8 @@ def check_image(
 
 
 def image_detail(tag: str, found: dict[str, object]) -> str:
-    from hypha.accelerate_executor.shim.engine import repo_digest
-
     size = int(str(found.get("Size", 0)))
-    digest = repo_digest(found) or f"id {found.get('Id')}"
-    return f"{tag} ({size / 1e9:.1f} GB, linux/{found.get('Architecture')}, {digest})"
+    return f"{tag} ({size / 1e9:.1f} GB, linux/{found.get('Architecture')}, id {found.get('Id')})"
 
 
 def check_nvidia(api: APIClient) -> Check:

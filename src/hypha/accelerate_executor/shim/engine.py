@@ -10,6 +10,7 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from hypha.accelerate_executor.errors import DockerError
@@ -110,25 +111,42 @@ def pull_image(api: APIClient, reference: str) -> dict[str, Any]:
         raise DockerError(f"pull of {reference} failed: {explain(exc)}") from None
 
 
-def registry_image(api: APIClient, registry: str, variant: str) -> tuple[str, dict[str, Any]]:
-    """This release's image of `variant` from `registry` (`hypha-accelerate publish`), pulled
-    when missing, checked to be this host's architecture: its reference and inspect."""
-    from docker.errors import ImageNotFound
+@dataclass(frozen=True)
+class RegistryImage:
+    """A variant's image from a registry, as this host runs it."""
 
-    reference = f"{registry.rstrip('/')}/{image_tags(variant)[0]}"
+    tag: str  # REGISTRY/hypha-accelerate-executor:VERSION-VARIANT
+    digest: str  # what the tag names in the registry now (for a multi-arch tag, the list)
+    inspected: dict[str, Any]  # the local image: Id, Architecture, Size
+
+    @property
+    def pinned(self) -> str:
+        """The tag's repository at that digest: what the worker runs, whatever the tag does later."""
+        return f"{self.tag.rpartition(':')[0]}@{self.digest}"
+
+
+def registry_image(api: APIClient, registry: str, variant: str) -> RegistryImage:
+    """This release's image of `variant` from `registry` (`hypha-accelerate publish`): the
+    registry says which digest its tag names; the engine pulls it for this host's
+    architecture unless its local image is already that one; it must be this host's."""
+    from docker.errors import APIError, ImageNotFound
+
+    tag = f"{registry.rstrip('/')}/{image_tags(variant)[0]}"
     try:
-        inspected = dict(api.inspect_image(reference))
+        digest = str(api.inspect_distribution(tag)["Descriptor"]["digest"])
+    except APIError as exc:
+        raise DockerError(f"registry lookup of {tag} failed: {explain(exc)}") from None
+    wanted = RegistryImage(tag, digest, {})
+    try:
+        inspected = dict(api.inspect_image(tag))
     except ImageNotFound:
-        inspected = pull_image(api, reference)
-    check_arch(reference, inspected)
-    return reference, inspected
-
-
-def repo_digest(inspected: dict[str, Any]) -> str | None:
-    """The registry digest an image was pulled or pushed by (None: built here, never pushed).
-    For a multi-architecture tag it is the list's digest, which resolves to this host's image."""
-    digests = inspected.get("RepoDigests") or []
-    return str(digests[0]).rpartition("@")[2] if digests else None
+        inspected = {}
+    if wanted.pinned not in inspected.get("RepoDigests", ()) or (
+        image_arch(inspected) != host_arch()
+    ):
+        inspected = pull_image(api, tag)
+    check_arch(tag, inspected)
+    return RegistryImage(tag, digest, inspected)
 
 
 @contextmanager

@@ -154,16 +154,14 @@ def docker_entry(variant: str, user: str, image: str | None) -> str:
 def pinned_image(variant: str, registry: str) -> tuple[str, str]:
     """The registry's image of `variant` for this host, by digest, and a comment saying so."""
     from hypha.accelerate_executor.shim.arch import image_arch
-    from hypha.accelerate_executor.shim.engine import connect, registry_image, repo_digest
+    from hypha.accelerate_executor.shim.engine import connect, registry_image
 
     if variant == HOST_VARIANT:
         raise ShimError(f"{HOST_VARIANT} is a bundle, not an image: --registry does not apply")
-    reference, inspected = registry_image(connect(), registry, variant)
-    digest = repo_digest(inspected)
-    pinned = f"{reference.rpartition(':')[0]}@{digest}" if digest else reference
-    return pinned, (
-        f"# Image {reference} ({digest or 'no registry digest'}), linux/"
-        f"{image_arch(inspected)} on this host: image id {inspected.get('Id')}.\n"
+    image = registry_image(connect(), registry, variant)
+    return image.pinned, (
+        f"# Image {image.tag} ({image.digest}), linux/{image_arch(image.inspected)} "
+        f"on this host: image id {image.inspected.get('Id')}.\n"
     )
 
 
