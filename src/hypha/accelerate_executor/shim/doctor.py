@@ -97,8 +97,8 @@ def check_image(
             continue
         check_arch(tag, found)
         return Check(f"image {variant}", "ok", image_detail(tag, found))
-    how = f"docker pull {tags[0]}" if registry else build_command(variant)
-    return Check(f"image {variant}", "missing", f"get it with `{how}`")
+    how = f"pull it with `docker pull {tags[0]}`" if registry else ""
+    return Check(f"image {variant}", "missing", how or f"build it with `{build_command(variant)}`")
 
 
 def image_detail(tag: str, found: dict[str, object]) -> str:

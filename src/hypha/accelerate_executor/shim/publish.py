@@ -1,7 +1,7 @@
 """`hypha-accelerate publish`: push built variants to a registry as multi-architecture tags.
 
     hypha-accelerate publish VARIANT... --registry HOST[:PORT][/PATH] [--arch A ...]
-                             [--from ARCH=IMAGE ...] [--insecure]
+                             [--from ARCH=IMAGE ...] [--only push|lists] [--insecure]
 
 For each variant, the image built for each of its architectures (`hypha-accelerate build V
 --arch A`, tagged hypha-accelerate-executor:V on its own architecture's host and
@@ -11,6 +11,10 @@ so that `docker pull` on an amd64 and on an arm64 host each gets its own image. 
 has no buildx: the lists are made by the docker CLI's `docker manifest`, which reads the
 registry's credentials from `docker login`'s store, so no secret passes through here.
 `--insecure` (plain HTTP) is implied for loopback registries, which the engine allows too.
+
+Where each architecture builds on a host of its own (the release workflow,
+.github/workflows/release.yml), each pushes its image with `--only push --arch A`, and one
+last step makes the lists from what the registry holds with `--only lists`.
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ import argparse
 import ipaddress
 import shutil
 import subprocess
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from hypha.accelerate_executor.entry import OneLineArgumentParser, run_main
@@ -31,15 +34,6 @@ if TYPE_CHECKING:
     from docker import APIClient
 
 PROG = "hypha-accelerate publish"
-
-
-@dataclass(frozen=True)
-class Pushed:
-    """One architecture's image in the registry."""
-
-    arch: Arch
-    reference: str  # REGISTRY/REPO:VERSION-VARIANT-ARCH
-    digest: str  # its manifest's digest in the registry
 
 
 def registry_host(registry: str) -> str:
@@ -113,11 +107,12 @@ def docker_cli(*args: str) -> str:
     return done.stdout.strip()
 
 
-def publish_list(tag: str, images: list[Pushed], insecure: bool) -> str:
-    """Makes the manifest list `tag` of `images` in the registry; returns its digest."""
+def publish_list(tag: str, references: list[str], insecure: bool) -> str:
+    """Makes the manifest list `tag` of the images at `references` in the registry; returns
+    its digest."""
     flag = ["--insecure"] if insecure else []
     # --amend: the CLI keeps lists it made locally; a re-publish replaces what it held.
-    docker_cli("manifest", "create", "--amend", *flag, tag, *(p.reference for p in images))
+    docker_cli("manifest", "create", "--amend", *flag, tag, *references)
     out = docker_cli("manifest", "push", "--purge", *flag, tag)
     return out.splitlines()[-1] if out else "unknown"
 
@@ -153,6 +148,12 @@ def parser() -> argparse.ArgumentParser:
         metavar="ARCH=IMAGE",
         help="the local image to push for ARCH instead of the variant's tag (one variant only)",
     )
+    p.add_argument(
+        "--only",
+        choices=["push", "lists"],
+        help="push: the per-architecture images only; lists: only the multi-architecture "
+        "tags, of per-architecture images already in the registry",
+    )
     p.add_argument("--insecure", action="store_true", help="plain HTTP (implied on loopback)")
     return p
 
@@ -174,16 +175,17 @@ def main(argv: list[str]) -> int:
             arches = [a for a in architectures(variant) if not args.arch or a in args.arch]
             if not arches:
                 raise ShimError(f"{variant} is built for {', '.join(architectures(variant))} only")
-            images = [local_image(api, variant, a, sources.get(a)) for a in arches]
             versioned, moving = remote_tags(registry, variant)
-            pushed = []
-            for arch, image in zip(arches, images, strict=True):
-                reference = f"{versioned}-{arch}"
-                pushed.append(Pushed(arch, reference, push(api, image, reference)))
-                print(f"publish {variant}: {image} -> {reference} ({pushed[-1].digest})")
-            for tag in (versioned, moving):
-                digest = publish_list(tag, pushed, insecure)
-                print(f"publish {variant}: {tag} ({'+'.join(arches)}) {digest}")
+            references = [f"{versioned}-{arch}" for arch in arches]
+            if args.only != "lists":
+                images = [local_image(api, variant, a, sources.get(a)) for a in arches]
+                for image, reference in zip(images, references, strict=True):
+                    digest = push(api, image, reference)
+                    print(f"publish {variant}: {image} -> {reference} ({digest})")
+            if args.only != "push":
+                for tag in (versioned, moving):
+                    digest = publish_list(tag, references, insecure)
+                    print(f"publish {variant}: {tag} ({'+'.join(arches)}) {digest}")
         return EXIT_OK
 
     return run_main(PROG, body)

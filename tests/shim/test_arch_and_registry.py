@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from shim_harness import WorkerJob, shim_command
 
 from hypha.accelerate_executor.shim.arch import host_arch
 from hypha.accelerate_executor.shim.variants import image_tags
@@ -193,6 +194,33 @@ def test_publish_makes_one_tag_that_each_architecture_pulls_as_its_own(
     forget(docker_api, versioned, f"{versioned}-amd64", f"{versioned}-arm64")
 
 
+def test_each_architecture_pushes_on_its_own_and_a_last_step_makes_the_lists(
+    docker_api: Any, registry: str, small_images: dict[str, tuple[str, str]]
+) -> None:
+    # The release workflow's way: one build host per architecture, then one list step.
+    pushed = {}
+    for arch, (tag, _) in small_images.items():
+        result = hypha(
+            "publish", "cpu", "--registry", registry, "--only", "push", "--arch", arch,
+            "--from", f"{arch}={tag}",
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        [line] = result.stdout.splitlines()
+        pushed[arch] = line.rpartition(" (")[2].rstrip(")")
+    lists = hypha("publish", "cpu", "--registry", registry, "--only", "lists")
+    assert lists.returncode == 0, lists.stderr
+    versioned, moving = (f"{registry}/{tag}" for tag in image_tags("cpu"))
+    assert manifest_list(versioned) == manifest_list(moving) == pushed
+    forget(docker_api, f"{versioned}-amd64", f"{versioned}-arm64")
+
+
+def test_lists_of_images_the_registry_lacks_are_refused_in_one_line(registry: str) -> None:
+    result = hypha("publish", "cu130", "--registry", registry, "--only", "lists")
+    assert result.returncode == 125
+    [line] = result.stderr.splitlines()
+    assert line.startswith("hypha-accelerate publish: docker manifest create failed: "), line
+
+
 def test_publish_names_the_build_of_a_missing_architecture(
     docker_api: Any, registry: str, small_images: dict[str, tuple[str, str]]
 ) -> None:
@@ -219,3 +247,39 @@ def test_publish_refuses_bad_arguments_in_one_line(args: list[str], words: str) 
     assert result.returncode == 2
     [line] = result.stderr.splitlines()
     assert line.startswith("hypha-accelerate publish: ") and words in line, line
+
+
+def test_the_shim_refuses_an_image_of_another_architecture_in_one_line(
+    docker_api: Any, worker_job: WorkerJob, small_images: dict[str, tuple[str, str]]
+) -> None:
+    other = "arm64" if host_arch() == "amd64" else "amd64"
+    tag = small_images[other][0]
+    result = subprocess.run(
+        shim_command(*worker_job.run_args(image=tag)), capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 125
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"hypha-accelerate run: image {tag} is built for {other}, this host is {host_arch()}: "
+        f"it would run emulated; use the variant's {host_arch()} image"
+    ]
+    # No container was made of it.
+    assert docker_api.containers(all=True, filters={"ancestor": tag}) == []
+
+
+def test_doctor_fails_the_image_row_of_another_architecture(
+    small_images: dict[str, tuple[str, str]],
+) -> None:
+    other = "arm64" if host_arch() == "amd64" else "amd64"
+    result = hypha("doctor", "--image", small_images[other][0])
+    assert result.returncode == 1
+    rows = {
+        " ".join(line.split()[:2]): line.split()[2:]
+        for line in result.stdout.splitlines()
+        if line.startswith("  ")
+    }
+    assert rows["architecture ok"][0] == f"{host_arch()}:"
+    assert rows["image cpu"][0] == "FAIL"
+    assert " ".join(rows["image cpu"][1:]).startswith(
+        f"image {small_images[other][0]} is built for {other}, this host is {host_arch()}"
+    )
