@@ -35,3 +35,24 @@ def test_the_hosts_image_keeps_the_plain_tags_another_architectures_says_so() ->
 def test_every_container_variant_has_an_amd64_build_and_cpu_cu130_an_arm64_one() -> None:
     assert {v for v in CONTAINER_VARIANTS if "amd64" in architectures(v)} == set(CONTAINER_VARIANTS)
     assert {name for name, arch in BUILDS if arch == "arm64"} == {"cpu", "cu130"}
+
+
+def test_worker_config_refuses_a_variant_without_an_image_for_the_host() -> None:
+    import subprocess
+    import sys
+
+    # cu128 has an amd64 row only: on an arm64 host there is no image to name.
+    code = (
+        "import platform, sys; platform.machine = lambda: 'aarch64'; "
+        "from hypha.accelerate_executor.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, "worker-config", "--variant", "cu128"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "hypha-accelerate worker-config: cu128 has no arm64 image; this host's variants: cpu, cu130"
+    ]

@@ -151,6 +151,17 @@ def docker_entry(variant: str, user: str, image: str | None) -> str:
     )
 
 
+def check_built_for_host(variant: str) -> None:
+    """A container variant must have an image of this host's architecture."""
+    from hypha.accelerate_executor.shim.arch import host_arch
+    from hypha.accelerate_executor.variants import BUILDS
+
+    arch = host_arch()
+    if variant != HOST_VARIANT and (variant, arch) not in BUILDS:
+        built = ", ".join(name for name, a in BUILDS if a == arch)
+        raise ShimError(f"{variant} has no {arch} image; this host's variants: {built}")
+
+
 def pinned_image(variant: str, registry: str) -> tuple[str, str]:
     """The registry's image of `variant` for this host, by digest, and a comment saying so."""
     from hypha.accelerate_executor.shim.arch import image_arch
@@ -200,6 +211,7 @@ def main(argv: list[str]) -> int:
         if variant == "auto":
             variant, why = pick_variant(read_host(os.environ))
             chosen = f"# --variant auto chose {variant}: {why}.\n"
+        check_built_for_host(variant)
         image, pinned = pinned_image(variant, args.registry) if args.registry else (None, "")
         print(chosen + pinned + render(variant, args.mode, user, args.bundle, image), end="")
         return EXIT_OK
