@@ -88,3 +88,33 @@ def test_two_round_job_in_the_arm64_image(arm64_image: str, work_base: Path) -> 
     assert record["leaks"] == []
     emulated = "under QEMU" if os.uname().machine != "aarch64" else "native"
     print(f"2-round job in {arm64_image} ({emulated}): {took:.0f} s")
+
+
+@pytest.mark.cuda_image
+def test_the_arm64_cu130_image_loads_cuda_cudnn_and_nccl_without_a_gpu(docker_api: Any) -> None:
+    """The Grace Hopper/Blackwell and DGX Spark image (a 2.8 GB wheelhouse; marked cuda_image
+    too, so only `-m 'arm64 and cuda_image'` runs it)."""
+    from docker.errors import ImageNotFound
+    from test_image_cuda import LIBRARIES, PROBE
+
+    tag = image_tags("cu130", "arm64")[0]
+    try:
+        docker_api.inspect_image(tag)
+    except ImageNotFound:
+        built = subprocess.run(
+            [sys.executable, "-m", "hypha.accelerate_executor.cli", "build", "cu130",
+             "--arch", "arm64", "--offline"],
+            capture_output=True, text=True, timeout=7200, cwd=ROOT,
+        )  # fmt: skip
+        assert built.returncode == 0, built.stdout[-3000:] + built.stderr
+    assert docker_api.inspect_image(tag)["Architecture"] == "arm64"
+    result = docker_run(tag, "-c", PROBE, options=("--entrypoint", "/opt/venv/bin/python"))
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert found == {
+        **LIBRARIES["cu130"],
+        "available": False,
+        "deepspeed": "0.19.8",
+        "headers": True,
+        "tests": False,
+    }
