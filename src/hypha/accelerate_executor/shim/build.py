@@ -445,16 +445,16 @@ def main(argv: list[str]) -> int:
                     root, Path(args.output) if args.output else default, offline, args.wheelhouse
                 )
                 continue
-            if api is None:
-                from hypha.accelerate_executor.shim.engine import connect
-
-                api = connect()
             row = BUILDS.get((variant, arch))
             if row is None:
                 raise ShimError(
                     f"{variant} has no {arch} build (it is built for "
                     f"{', '.join(architectures(variant))})"
                 )
+            if api is None:
+                from hypha.accelerate_executor.shim.engine import connect
+
+                api = connect()
             # The arm64 rows name their own file; amd64's is VARIANT.txt, the default.
             requirements = args.requirements or (
                 row.requirements if row.requirements != f"{variant}.txt" else None
