@@ -7,9 +7,9 @@
 # Needs Python 3.11+ and a running Docker engine. Online (the default) the image builds from
 # python:3.11-slim-bookworm and PyPI; with HYPHA_OFFLINE=1 (what .ci/run sets) the base image
 # is made with debootstrap and the image installs from a local wheelhouse instead.
-# HYPHA_ARM64=1 (.ci/run sets it where QEMU's aarch64 binfmt entry works) also builds the arm64
-# cpu image, under emulation on an amd64 host, and runs the tests marked arm64, which the
-# default selection leaves out.
+# HYPHA_ARM64=1 also builds the arm64 cpu image, under QEMU emulation on an amd64 host (tens of
+# minutes: .ci/run says how long), and runs the tests marked arm64, which the default
+# selection leaves out.
 #
 # --torch runs the part of the suite that touches torch, Accelerate, Transformers and DeepSpeed
 # (everything but the image, shim, Docker, serde-oracle and benchmark tests) on the torch a variant

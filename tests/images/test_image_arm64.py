@@ -1,8 +1,8 @@
 """The arm64 cpu image (the variants table's arm64 row: PyPI's torch 2.10.0 for aarch64, a
 CPU build), built offline on this host under QEMU user emulation when the host is amd64:
 its architecture, its torch without CUDA, and the 2-round job as an arbitrary non-root uid
-with no network, under the production hardening. Marked arm64: tests/run.sh runs these in CI
-(HYPHA_ARM64=1); locally they are left out unless asked for (`-m arm64`)."""
+with no network, under the production hardening. Marked arm64 and left out by default (tens
+of minutes under emulation): `HYPHA_ARM64=1 bash tests/run.sh` or `pytest -m arm64` runs them."""
 
 from __future__ import annotations
 
