@@ -4,7 +4,9 @@ and that the variants table (src/hypha/accelerate_executor/variants.py) says wha
 
 A pin exists when docker/torch-releases.toml (PyPI's and PyTorch's release matrix) lists its
 version, its local label (+cpu, +cuNNN, +rocmX.Y) among that release's builds, and the images'
-Python (cp311) among its wheels. PyPI's own build (no label) must be pinned with `===`:
+Python (cp311) among its wheels. An arm64 row pins PyPI's own aarch64 wheel, which the matrix
+says is a CPU or a CUDA build, and its file is NAME-arm64.txt (its wheelhouse is downloaded for
+aarch64 by that name). PyPI's own build (no label) must be pinned with `===`:
 `==X` also admits a local X+cpu, which pip prefers. A +rocm build needs the
 pytorch-triton-rocm that its release pins.
 
@@ -26,7 +28,11 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 # The variants table and its requirements reader, from the checkout's source (stdlib only).
 sys.path.insert(0, str(HERE.parent / "src"))
-from hypha.accelerate_executor.variants import VARIANTS, requirement_lines  # noqa: E402
+from hypha.accelerate_executor.variants import (  # noqa: E402
+    ARM64_VARIANTS,
+    VARIANTS,
+    requirement_lines,
+)
 
 PYTHON_TAG = "cp311"  # the images' interpreter: python:3.11-slim-bookworm, Debian 12's 3.11
 TORCH_LINE = re.compile(r"torch\s*(?P<op>===|==)\s*(?P<version>[0-9][0-9.]*)(?:\+(?P<label>\S+))?")
@@ -147,7 +153,9 @@ def table_problems(variants: Sequence[Any], directory: Path, matrix: dict[str, A
         if indexes != ([v.index] if v.index else []):
             problems.append(f"{where}: the table's index is {v.index}, the file's {indexes}")
         release = matrix["releases"].get(".".join(v.torch.split(".")[:2]), {})
-        if v.accelerator == "nvidia":
+        if v.arch == "arm64" and v.container:
+            problems += arm64_problems(v, where, release)
+        elif v.accelerator == "nvidia":
             cuda = cuda_of(v.local_label) if v.local_label else release.get("pypi_cuda")
             if cuda != v.runtime:
                 problems.append(f"{where}: the table says CUDA {v.runtime}, the build is {cuda}")
@@ -160,6 +168,25 @@ def table_problems(variants: Sequence[Any], directory: Path, matrix: dict[str, A
     return problems
 
 
+def arm64_problems(v: Any, where: str, release: dict[str, Any]) -> list[str]:
+    """An arm64 row against what PyPI's aarch64 wheel of its torch is."""
+    if not v.requirements.endswith("-arm64.txt"):
+        return [f"{where}: an arm64 row's file is named NAME-arm64.txt"]
+    if v.local_label:
+        return [f"{where}: an arm64 row pins PyPI's own aarch64 build, not +{v.local_label}"]
+    build = release.get("aarch64")
+    if build is None:
+        return [f"{where}: the matrix lists no aarch64 build of torch {v.torch}"]
+    wanted = "cpu" if v.accelerator == "cpu" else v.runtime
+    if build != wanted:
+        return [
+            f"{where}: PyPI's aarch64 torch {v.torch} is a {build} build, the row wants {wanted}"
+        ]
+    if v.accelerator == "nvidia" and v.driver is None:
+        return [f"{where}: an NVIDIA variant without its driver needs"]
+    return []
+
+
 def main(argv: Sequence[str]) -> int:
     p = argparse.ArgumentParser(prog="check_pins.py", description=__doc__.splitlines()[0])
     p.add_argument("--requirements", type=Path, default=HERE / "requirements", metavar="DIR")
@@ -170,7 +197,7 @@ def main(argv: Sequence[str]) -> int:
     files = sorted(args.requirements.glob("*.txt"))
     problems = [line for path in files for line in file_problems(path, matrix)]
     if not args.no_table:
-        problems += table_problems(VARIANTS, args.requirements, matrix)
+        problems += table_problems([*VARIANTS, *ARM64_VARIANTS], args.requirements, matrix)
     for line in problems:
         print(f"check_pins: {line}", file=sys.stderr)
     if problems:

@@ -7,6 +7,9 @@
 # Needs Python 3.11+ and a running Docker engine. Online (the default) the image builds from
 # python:3.11-slim-bookworm and PyPI; with HYPHA_OFFLINE=1 (what .ci/run sets) the base image
 # is made with debootstrap and the image installs from a local wheelhouse instead.
+# HYPHA_ARM64=1 also builds the arm64 cpu image, under QEMU emulation on an amd64 host (tens of
+# minutes: .ci/run says how long), and runs the tests marked arm64, which the default
+# selection leaves out.
 #
 # --torch runs the part of the suite that touches torch, Accelerate, Transformers and DeepSpeed
 # (everything but the image, shim, Docker, serde-oracle and benchmark tests) on the torch a variant
@@ -126,6 +129,19 @@ if [ "${HYPHA_OFFLINE:-0}" = 1 ]; then
     hypha-accelerate build cpu --offline
 else
     hypha-accelerate build cpu
+fi
+
+if [ "${HYPHA_ARM64:-0}" = 1 ]; then
+    echo "== arm64 cpu image"
+    arm64_started=$(date +%s)
+    if [ "${HYPHA_OFFLINE:-0}" = 1 ]; then
+        hypha-accelerate build cpu --arch arm64 --offline
+    else
+        hypha-accelerate build cpu --arch arm64
+    fi
+    echo "== arm64 cpu image built in $(($(date +%s) - arm64_started)) s"
+    # The default selection without its `not arm64`.
+    [ $# -gt 0 ] || set -- -m 'not cuda_image'
 fi
 
 echo "== tests"

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from hypha.accelerate_executor.variants import BY_NAME, VARIANTS
+from hypha.accelerate_executor.variants import ARM64_VARIANTS, BUILDS, BY_NAME, VARIANTS
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "docker" / "check_pins.py"
@@ -50,8 +50,8 @@ def problems_of(tmp_path: Path, *lines: str) -> list[str]:
 def test_every_requirements_file_pins_a_torch_that_exists_and_the_table_agrees() -> None:
     result = run_script()
     assert result.returncode == 0, result.stderr
-    # Every variant's file was checked, not only some.
-    for v in VARIANTS:
+    # Every variant's file was checked, not only some, both architectures'.
+    for v in (*VARIANTS, *ARM64_VARIANTS):
         assert f"{v.requirements} {v.torch_requirement}" in result.stdout
 
 
@@ -134,3 +134,39 @@ def test_the_table_names_the_builds_the_issue_settled() -> None:
         "rocm64": "2.9.0+rocm6.4",
         "mps-host": "2.13.0",
     }
+
+
+def test_the_arm64_rows_are_the_builds_pypi_has_for_aarch64() -> None:
+    builds = {name: v.torch_build for (name, arch), v in BUILDS.items() if arch == "arm64"}
+    assert builds == {"cpu": "2.10.0", "cu130": "2.13.0"}
+    assert check_pins.table_problems(ARM64_VARIANTS, REQUIREMENTS, MATRIX) == []
+
+
+@pytest.mark.parametrize(
+    ("row", "change", "why"),
+    [
+        # 2.13.0's aarch64 wheel needs the CUDA 13 wheels: no CPU image could carry it.
+        (
+            "cpu",
+            {"torch": "2.13.0"},
+            "PyPI's aarch64 torch 2.13.0 is a 13.0 build, the row wants cpu",
+        ),
+        (
+            "cu130",
+            {"torch": "2.10.0"},
+            "PyPI's aarch64 torch 2.10.0 is a cpu build, the row wants 13.0",
+        ),
+        ("cpu", {"torch": "2.9.0"}, "the matrix lists no aarch64 build of torch 2.9.0"),
+        ("cpu", {"local_label": "cpu"}, "pins PyPI's own aarch64 build, not +cpu"),
+        ("cpu", {"requirements": "cpu.txt"}, "an arm64 row's file is named NAME-arm64.txt"),
+        ("cu130", {"driver": None}, "an NVIDIA variant without its driver needs"),
+    ],
+)
+def test_an_arm64_row_without_that_aarch64_build_is_refused(
+    row: str, change: dict[str, Any], why: str
+) -> None:
+    changed = dataclasses.replace(BUILDS[(row, "arm64")], **change)
+    (problem,) = check_pins.arm64_problems(
+        changed, row, MATRIX["releases"].get(changed.torch.rsplit(".", 1)[0], {})
+    )
+    assert why in problem

@@ -34,6 +34,7 @@ def run_build(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
         (["cu126", "--requirements", "ci-standin-cu126.txt"], "name it with --tag"),
         (["all", "--tag", "x:y"], "apply to one variant, not all"),
         (["cpu", "--wheelhouse", "/tmp"], "must lie inside the build context"),
+        (["cu128", "--arch", "arm64"], "cu128 has no arm64 build (it is built for amd64)"),
         (
             ["cpu", "--requirements", "nope.txt", "--tag", "x:y", "--offline"],
             "no requirements file",

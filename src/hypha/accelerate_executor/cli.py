@@ -34,6 +34,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "hypha.accelerate_executor.shim.build",
         "build the executor image of one variant or all",
     ),
+    "publish": (
+        "hypha.accelerate_executor.shim.publish",
+        "push built variants to a registry as multi-architecture tags",
+    ),
     "local": (
         "hypha.accelerate_executor.local.cli",
         "local stand-in for the Hypha side: demo, coordinator, worker",

@@ -16,6 +16,9 @@ from pathlib import Path
 from typing import Literal
 
 Accelerator = Literal["cpu", "nvidia", "rocm", "mps"]
+# Docker's names for the CPU architectures images are built for (linux/amd64, linux/arm64).
+Arch = Literal["amd64", "arm64"]
+ARCHES: tuple[Arch, ...] = ("amd64", "arm64")
 
 TORCH_INDEX = "https://download.pytorch.org/whl"
 
@@ -46,6 +49,7 @@ class Variant:
     driver: DriverNeed | None  # NVIDIA variants only
     requirements: str  # file under docker/requirements/
     container: bool = True  # False: a bundle the shim runs on the host
+    arch: Arch = "amd64"  # the CPU architecture this row's build is for
 
     @property
     def torch_build(self) -> str:
@@ -145,10 +149,45 @@ VARIANTS: tuple[Variant, ...] = (
         driver=None,
         requirements="mps.txt",
         container=False,
+        arch="arm64",
+    ),
+)
+
+# The arm64 builds (Graviton, Ampere, Grace Hopper/Blackwell, DGX Spark, Apple silicon's
+# Docker), rows of their own where the wheels differ from x86_64's. PyPI's torch for
+# manylinux_2_28_aarch64 is a CPU build up to 2.10.0 and the CUDA 13 build from then on
+# (docker/torch-releases.toml, `aarch64`); the PyTorch index's +cpu wheels are x86_64's.
+ARM64_VARIANTS: tuple[Variant, ...] = (
+    Variant(
+        name="cpu",
+        accelerator="cpu",
+        torch="2.10.0",
+        local_label=None,
+        index=None,
+        runtime=None,
+        driver=None,
+        requirements="cpu-arm64.txt",
+        arch="arm64",
+    ),
+    Variant(
+        name="cu130",
+        accelerator="nvidia",
+        torch="2.13.0",
+        local_label=None,
+        index=None,
+        runtime="13.0",
+        driver=DriverNeed(native="580.65.06", compatible=None),
+        requirements="cu130-arm64.txt",
+        arch="arm64",
     ),
 )
 
 BY_NAME = {v.name: v for v in VARIANTS}
+# Every container build: (variant, architecture) -> its row. BY_NAME's rows are amd64's.
+BUILDS: dict[tuple[str, Arch], Variant] = {
+    **{(v.name, v.arch): v for v in VARIANTS if v.container},
+    **{(v.name, v.arch): v for v in ARM64_VARIANTS},
+}
 NAMES = tuple(BY_NAME)
 CONTAINER_VARIANTS = tuple(v.name for v in VARIANTS if v.container)
 HOST_VARIANT = next(v.name for v in VARIANTS if not v.container)
@@ -159,6 +198,11 @@ GPU_VARIANTS = tuple(v.name for v in VARIANTS if v.gpu)
 # cu128 is Hypha's own default install, with Blackwell kernels and torch 2.10; cu129 carries
 # only torch 2.8 (the one torch with CUDA 12.9 builds); cu126 has no Blackwell kernels.
 NVIDIA_PREFERENCE = ("cu130", "cu128", "cu129", "cu126")
+
+
+def architectures(variant: str) -> tuple[Arch, ...]:
+    """The architectures a container variant is built for, amd64 first."""
+    return tuple(arch for arch in ARCHES if (variant, arch) in BUILDS)
 
 
 def requirement_lines(path: Path) -> Iterator[str]:

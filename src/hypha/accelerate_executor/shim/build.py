@@ -1,7 +1,8 @@
 """`hypha-accelerate build`: build the executor image of a variant, or the mps-host bundle.
 
-    hypha-accelerate build [VARIANT|all] [--offline] [--base-image IMG] [--wheelhouse DIR]
-                           [--tag NAME:TAG ...] [--requirements NAME] [--output DIR]
+    hypha-accelerate build [VARIANT|all] [--arch amd64|arm64] [--offline] [--base-image IMG]
+                           [--wheelhouse DIR] [--tag NAME:TAG ...] [--requirements NAME]
+                           [--output DIR]
 
 Images are built from a checkout's docker/Dockerfile through docker-py, i.e. the engine's
 classic builder API. That path works the same against any engine and whichever docker CLI
@@ -12,11 +13,17 @@ BuildKit builds it too (`DOCKER_BUILDKIT=1 docker build -f docker/Dockerfile .`)
 
 `--offline` builds with no network: the base image made by docker/make-base-image.sh and
 a wheelhouse made by docker/make-wheelhouse.sh (each made here when missing).
+
+`--arch` builds the variant's row of that architecture in the variants table (default: this
+host's). Another architecture than the host's builds under QEMU user emulation
+(qemu-user-static, binfmt-support), from its own base image and wheelhouse, and is tagged
+with the architecture (hypha-accelerate-executor:cpu-arm64 on an amd64 host).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
@@ -31,14 +38,27 @@ from typing import IO, TYPE_CHECKING, Any, NoReturn
 from hypha.accelerate_executor import __version__
 from hypha.accelerate_executor.entry import OneLineArgumentParser, run_main
 from hypha.accelerate_executor.errors import EXIT_OK, BuildError, DockerError, ShimError
+from hypha.accelerate_executor.shim.arch import host_arch
 from hypha.accelerate_executor.shim.variants import CONTAINER_VARIANTS, HOST_VARIANT, image_tags
-from hypha.accelerate_executor.variants import BY_NAME, requirement_lines
+from hypha.accelerate_executor.variants import (
+    ARCHES,
+    BUILDS,
+    Arch,
+    Variant,
+    architectures,
+    requirement_lines,
+)
 
 if TYPE_CHECKING:
     from docker import APIClient
 
 PROG = "hypha-accelerate build"
 OFFLINE_BASE_IMAGE = "hypha-accelerate-base:bookworm"
+# docker/make-base-image.sh's image per architecture.
+OFFLINE_BASE_IMAGES: dict[Arch, str] = {
+    "amd64": OFFLINE_BASE_IMAGE,
+    "arm64": f"{OFFLINE_BASE_IMAGE}-arm64",
+}
 DOCKERFILE = "docker/Dockerfile"
 # A build step may stay silent for minutes (pip installing torch): no HTTP read timeout.
 BUILD_TIMEOUT_S = 4 * 3600
@@ -50,7 +70,7 @@ PIN = re.compile(r"(?P<name>[A-Za-z0-9._-]+)===?(?P<version>[^=,]+)")
 class ImageBuild:
     """One image build: what goes into `docker build`."""
 
-    variant: str
+    row: Variant
     tags: tuple[str, ...]
     base_image: str | None
     wheelhouse: str | None  # relative to the context root
@@ -58,13 +78,21 @@ class ImageBuild:
     torch_version: str
     revision: str
 
+    @property
+    def variant(self) -> str:
+        return self.row.name
+
+    @property
+    def platform(self) -> str:
+        return f"linux/{self.row.arch}"
+
     def buildargs(self) -> dict[str, str]:
         args = {
             "VARIANT": self.variant,
             "VERSION": __version__,
             "SOURCE_REVISION": self.revision,
             "TORCH_VERSION": self.torch_version,
-            "TORCH_INDEX_URL": BY_NAME[self.variant].index or "",
+            "TORCH_INDEX_URL": self.row.index or "",
         }
         if self.base_image:
             args["BASE_IMAGE"] = self.base_image
@@ -118,26 +146,33 @@ def source_revision(root: Path) -> str:
     return f"{head}-dirty" if dirty else head
 
 
-def run_script(root: Path, script: str, *args: str) -> None:
+def run_script(root: Path, script: str, *args: str, env: dict[str, str] | None = None) -> None:
     """Runs one of docker/'s helper scripts, its output going straight to ours."""
-    print(f"running docker/{script} {' '.join(args)}".rstrip(), flush=True)
-    if subprocess.run(["sh", str(root / "docker" / script), *args]).returncode != 0:
+    shown = "".join(f"{k}={v} " for k, v in (env or {}).items())
+    print(f"running {shown}docker/{script} {' '.join(args)}".rstrip(), flush=True)
+    command = ["sh", str(root / "docker" / script), *args]
+    if subprocess.run(command, env={**os.environ, **(env or {})}).returncode != 0:
         raise BuildError(
             f"docker/{script} {' '.join(args)} failed (its message is above)",
         )
 
 
-def ensure_base_image(api: APIClient, root: Path, image: str) -> None:
+def ensure_base_image(api: APIClient, root: Path, image: str, arch: Arch) -> None:
     from docker.errors import ImageNotFound
 
     try:
-        api.inspect_image(image)
+        inspected = api.inspect_image(image)
     except ImageNotFound:
-        if image != OFFLINE_BASE_IMAGE:
+        if image != OFFLINE_BASE_IMAGES[arch]:
             raise DockerError(
                 f"base image {image} not found on the Docker engine",
             ) from None
-        run_script(root, "make-base-image.sh", image)
+        run_script(root, "make-base-image.sh", image, env={"ARCH": arch})
+        return
+    if inspected.get("Architecture") != arch:
+        raise DockerError(
+            f"base image {image} is {inspected.get('Architecture')}, the build is for {arch}"
+        )
 
 
 def ensure_wheelhouse(root: Path, given: str | None, variant: str, requirements: str | None) -> str:
@@ -253,7 +288,7 @@ def build_image(api: APIClient, root: Path, spec: ImageBuild) -> None:
     from hypha.accelerate_executor.shim.engine import root_cause
 
     print(
-        f"build {spec.variant}: base {spec.base_image or 'python:3.11-slim-bookworm (default)'}, "
+        f"build {spec.variant} ({spec.platform}): base {spec.base_image or 'python:3.11-slim-bookworm (default)'}, "
         + (f"offline from {spec.wheelhouse}" if spec.wheelhouse else "online package indexes"),
         flush=True,
     )
@@ -262,9 +297,13 @@ def build_image(api: APIClient, root: Path, spec: ImageBuild) -> None:
     ) as log:
         progress = Progress(spec.variant, log)
         context = build_context(root, spec.wheelhouse)
+        # Only another architecture than the host's names a platform: a native build stays
+        # exactly what it was on engines that handle the parameter differently.
+        cross = spec.row.arch != host_arch()
         try:
             events = api.build(
                 fileobj=context,
+                platform=spec.platform if cross else None,
                 custom_context=True,
                 dockerfile=DOCKERFILE,
                 tag=spec.tags[0],
@@ -288,7 +327,13 @@ def build_image(api: APIClient, root: Path, spec: ImageBuild) -> None:
             ) from None
         finally:
             context.close()
-    size = int(api.inspect_image(spec.tags[0])["Size"])
+    built = api.inspect_image(spec.tags[0])
+    if built.get("Architecture") != spec.row.arch:
+        raise BuildError(
+            f"build of {spec.variant} for {spec.platform} made a {built.get('Architecture')} "
+            "image: the engine ignored the platform"
+        )
+    size = int(built["Size"])
     elapsed = time.monotonic() - progress.started
     print(
         f"build {spec.variant}: done in {elapsed:.0f}s, {size / 1e9:.2f} GB: {', '.join(spec.tags)}",
@@ -342,6 +387,12 @@ def parser() -> argparse.ArgumentParser:
         help="default cpu; all = every container variant and the mps-host bundle",
     )
     p.add_argument(
+        "--arch",
+        choices=ARCHES,
+        help="the CPU architecture to build for (default: this host's; another one builds "
+        "under QEMU emulation)",
+    )
+    p.add_argument(
         "--offline",
         action="store_true",
         help=f"no network: base image {OFFLINE_BASE_IMAGE} and a wheelhouse (made when missing)",
@@ -376,7 +427,9 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     def body() -> int:
         args = parser().parse_args(argv)
-        variants = [*CONTAINER_VARIANTS, HOST_VARIANT] if args.variant == "all" else [args.variant]
+        arch: Arch = args.arch or host_arch()
+        built_here = [v for v in CONTAINER_VARIANTS if (v, arch) in BUILDS]
+        variants = [*built_here, HOST_VARIANT] if args.variant == "all" else [args.variant]
         if args.requirements and not args.tag:
             raise ShimError("--requirements builds a non-release image: name it with --tag")
         if len(variants) > 1 and (args.tag or args.requirements):
@@ -392,28 +445,38 @@ def main(argv: list[str]) -> int:
                     root, Path(args.output) if args.output else default, offline, args.wheelhouse
                 )
                 continue
+            row = BUILDS.get((variant, arch))
+            if row is None:
+                raise ShimError(
+                    f"{variant} has no {arch} build (it is built for "
+                    f"{', '.join(architectures(variant))})"
+                )
             if api is None:
                 from hypha.accelerate_executor.shim.engine import connect
 
                 api = connect()
+            # The arm64 rows name their own file; amd64's is VARIANT.txt, the default.
+            requirements = args.requirements or (
+                row.requirements if row.requirements != f"{variant}.txt" else None
+            )
             # Checked first: a bad requirements file should not cost a wheelhouse.
-            torch_version = torch_pin(root, args.requirements or BY_NAME[variant].requirements)
-            if not args.requirements and torch_version != BY_NAME[variant].torch:
+            torch_version = torch_pin(root, requirements or row.requirements)
+            if not args.requirements and torch_version != row.torch:
                 raise ShimError(
-                    f"docker/requirements/{BY_NAME[variant].requirements} pins torch "
-                    f"{torch_version}, the variants table {BY_NAME[variant].torch}: make them agree"
+                    f"docker/requirements/{row.requirements} pins torch "
+                    f"{torch_version}, the variants table {row.torch}: make them agree"
                 )
-            base = args.base_image or (OFFLINE_BASE_IMAGE if offline else None)
+            base = args.base_image or (OFFLINE_BASE_IMAGES[arch] if offline else None)
             if base and offline:
-                ensure_base_image(api, root, base)
+                ensure_base_image(api, root, base, arch)
             spec = ImageBuild(
-                variant=variant,
-                tags=tuple(args.tag) or image_tags(variant),
+                row=row,
+                tags=tuple(args.tag) or image_tags(variant, arch),
                 base_image=base,
-                wheelhouse=ensure_wheelhouse(root, args.wheelhouse, variant, args.requirements)
+                wheelhouse=ensure_wheelhouse(root, args.wheelhouse, variant, requirements)
                 if offline
                 else None,
-                requirements=args.requirements,
+                requirements=requirements,
                 torch_version=torch_version,
                 revision=revision,
             )

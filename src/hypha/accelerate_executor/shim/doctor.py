@@ -1,6 +1,6 @@
 """`hypha-accelerate doctor`: can this host run the executor, and which variants?
 
-    hypha-accelerate doctor [--work-dir-base DIR] [--image IMG]
+    hypha-accelerate doctor [--work-dir-base DIR] [--image IMG] [--registry HOST[:PORT][/PATH]]
 
 Checks the host's GPUs (the NVIDIA driver's version, ROCm's devices) and, per variant,
 whether this host runs it and how (natively or through CUDA minor-version compatibility),
@@ -8,6 +8,11 @@ the Docker engine, the image of every variant, the GPU runtimes, the worker's wo
 and finally runs the cpu image's launcher the way the shim runs a job (hardened, as this
 user, the work dir bind-mounted). Prints one row per check and a verdict; exits 0 when the
 cpu path works.
+
+Images are this host's architecture's (an image of another one would run emulated: FAIL),
+each shown with its registry digest or image id. With `--registry`, the images are the ones
+`hypha-accelerate publish` pushed there; the cpu image, which doctor runs, is pulled when
+missing.
 """
 
 from __future__ import annotations
@@ -75,16 +80,30 @@ def check_engine(api: APIClient) -> Check:
     )
 
 
-def check_image(api: APIClient, variant: str, tags: tuple[str, ...]) -> Check:
+def check_image(
+    api: APIClient, variant: str, tags: tuple[str, ...], registry: str | None = None
+) -> Check:
     from docker.errors import ImageNotFound
 
+    from hypha.accelerate_executor.shim.engine import check_arch, registry_image
+
+    if registry and variant == "cpu":
+        image = registry_image(api, registry, variant)
+        return Check(f"image {variant}", "ok", image_detail(image.pinned, image.inspected))
     for tag in tags:
         try:
-            size = api.inspect_image(tag).get("Size", 0)
+            found = api.inspect_image(tag)
         except ImageNotFound:
             continue
-        return Check(f"image {variant}", "ok", f"{tag} ({size / 1e9:.1f} GB)")
-    return Check(f"image {variant}", "missing", f"build it with `{build_command(variant)}`")
+        check_arch(tag, found)
+        return Check(f"image {variant}", "ok", image_detail(tag, found))
+    how = f"pull it with `docker pull {tags[0]}`" if registry else ""
+    return Check(f"image {variant}", "missing", how or f"build it with `{build_command(variant)}`")
+
+
+def image_detail(tag: str, found: dict[str, object]) -> str:
+    size = int(str(found.get("Size", 0)))
+    return f"{tag} ({size / 1e9:.1f} GB, linux/{found.get('Architecture')}, id {found.get('Id')})"
 
 
 def check_nvidia(api: APIClient) -> Check:
@@ -191,21 +210,39 @@ def check_cpu_run(api: APIClient, image: str, base: str) -> Check:
     )
 
 
-def run_checks(base: str, cpu_image_tag: str | None = None) -> list[Check]:
+def check_arch_host() -> Check:
+    from hypha.accelerate_executor.shim.arch import host_arch
+    from hypha.accelerate_executor.variants import BUILDS
+
+    arch = host_arch()
+    built = [name for name, a in BUILDS if a == arch]
+    return Check("architecture", "ok", f"{arch}: variants built for it: {', '.join(built)}")
+
+
+def run_checks(
+    base: str, cpu_image_tag: str | None = None, registry: str | None = None
+) -> list[Check]:
     from hypha.accelerate_executor.shim.engine import connect
 
     work_dir_base = _checked("work dir base", lambda: check_work_dir_base(base))
-    host = host_checks(read_host(os.environ))
+    host = [_checked("architecture", check_arch_host), *host_checks(read_host(os.environ))]
     try:
         api = connect()
     except ShimError as exc:
         skipped = Check("cpu run", "skipped", "needs the Docker engine")
         return [*host, Check("docker engine", "FAIL", str(exc)), work_dir_base, skipped]
-    tags: dict[str, tuple[str, ...]] = {v: image_tags(v) for v in CONTAINER_VARIANTS}
+    prefix = f"{registry.rstrip('/')}/" if registry else ""
+    tags: dict[str, tuple[str, ...]] = {
+        v: tuple(prefix + t for t in image_tags(v)) for v in CONTAINER_VARIANTS
+    }
     if cpu_image_tag:
         tags["cpu"] = (cpu_image_tag,)
     images = [
-        _checked(f"image {v}", partial(check_image, api, v, tags[v])) for v in CONTAINER_VARIANTS
+        _checked(
+            f"image {v}",
+            partial(check_image, api, v, tags[v], None if cpu_image_tag else registry),
+        )
+        for v in CONTAINER_VARIANTS
     ]
     checks = [
         *host,
@@ -262,11 +299,16 @@ def main(argv: list[str]) -> int:
         metavar="IMG",
         help=f"the cpu image to check and run (default: {' or '.join(image_tags('cpu'))})",
     )
+    p.add_argument(
+        "--registry",
+        metavar="HOST[:PORT][/PATH]",
+        help="check the images `hypha-accelerate publish` pushed there (pulls the cpu one)",
+    )
     return run_main(PROG, lambda: _check(p.parse_args(argv)))
 
 
 def _check(args: argparse.Namespace) -> int:
-    checks = run_checks(args.work_dir_base, args.image)
+    checks = run_checks(args.work_dir_base, args.image, args.registry)
     print(f"{PROG} {__version__}\n{table(checks)}")
     if checks[-1].ok:
         present = [

@@ -7,11 +7,14 @@ each container they touch, which costs a round trip per call on the start-up pat
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from hypha.accelerate_executor.errors import DockerError
+from hypha.accelerate_executor.shim.arch import host_arch, image_arch
 from hypha.accelerate_executor.shim.variants import build_command, image_tags
 
 if TYPE_CHECKING:
@@ -59,15 +62,17 @@ def explain(exc: APIError) -> str:
 
 def find_image(api: APIClient, variant: str, override: str | None) -> str:
     """The image to run: `override` if given, else the variant's versioned tag, else its
-    moving tag. Names the build command when neither exists."""
+    moving tag. Names the build command when neither exists; refuses an image built for
+    another CPU architecture than the host's."""
     from docker.errors import ImageNotFound
 
     candidates = [override] if override else list(image_tags(variant))
     for name in candidates:
         try:
-            api.inspect_image(name)
+            inspected = api.inspect_image(name)
         except ImageNotFound:
             continue
+        check_arch(name, inspected)
         return name
     if override:
         raise DockerError(f"image {override} not found on the Docker engine")
@@ -75,6 +80,73 @@ def find_image(api: APIClient, variant: str, override: str | None) -> str:
     raise DockerError(
         f"image {versioned} not found (nor {moving}); build it with `{build_command(variant)}`",
     )
+
+
+def check_arch(name: str, inspected: dict[str, Any]) -> None:
+    """Refuses an image of another architecture: binfmt_misc would run it under QEMU, tens
+    of times slower and without the host's GPU libraries."""
+    host, image = host_arch(), image_arch(inspected)
+    if image != host:
+        raise DockerError(
+            f"image {name} is built for {image}, this host is {host}: it would run emulated; "
+            f"use the variant's {host} image"
+        )
+
+
+def pull_image(api: APIClient, reference: str) -> dict[str, Any]:
+    """Pulls `reference` (REPOSITORY:TAG) for this host's architecture; its inspect."""
+    from docker.errors import APIError
+
+    repository, _, tag = reference.rpartition(":")
+    # stderr: worker-config's stdout is the TOML an operator pastes.
+    print(f"pulling {reference} (linux/{host_arch()})", file=sys.stderr, flush=True)
+    try:
+        for event in api.pull(
+            repository, tag=tag, platform=f"linux/{host_arch()}", stream=True, decode=True
+        ):
+            if "error" in event:
+                raise DockerError(f"pull of {reference} failed: {event['error']}")
+        return dict(api.inspect_image(reference))
+    except APIError as exc:
+        raise DockerError(f"pull of {reference} failed: {explain(exc)}") from None
+
+
+@dataclass(frozen=True)
+class RegistryImage:
+    """A variant's image from a registry, as this host runs it."""
+
+    tag: str  # REGISTRY/hypha-accelerate-executor:VERSION-VARIANT
+    digest: str  # what the tag names in the registry now (for a multi-arch tag, the list)
+    inspected: dict[str, Any]  # the local image: Id, Architecture, Size
+
+    @property
+    def pinned(self) -> str:
+        """The tag's repository at that digest: what the worker runs, whatever the tag does later."""
+        return f"{self.tag.rpartition(':')[0]}@{self.digest}"
+
+
+def registry_image(api: APIClient, registry: str, variant: str) -> RegistryImage:
+    """This release's image of `variant` from `registry` (`hypha-accelerate publish`): the
+    registry says which digest its tag names; the engine pulls it for this host's
+    architecture unless its local image is already that one; it must be this host's."""
+    from docker.errors import APIError, ImageNotFound
+
+    tag = f"{registry.rstrip('/')}/{image_tags(variant)[0]}"
+    try:
+        digest = str(api.inspect_distribution(tag)["Descriptor"]["digest"])
+    except APIError as exc:
+        raise DockerError(f"registry lookup of {tag} failed: {explain(exc)}") from None
+    wanted = RegistryImage(tag, digest, {})
+    try:
+        inspected = dict(api.inspect_image(tag))
+    except ImageNotFound:
+        inspected = {}
+    if wanted.pinned not in inspected.get("RepoDigests", ()) or (
+        image_arch(inspected) != host_arch()
+    ):
+        inspected = pull_image(api, tag)
+    check_arch(tag, inspected)
+    return RegistryImage(tag, digest, inspected)
 
 
 @contextmanager

@@ -4,12 +4,14 @@ table in hypha.accelerate_executor.variants."""
 from __future__ import annotations
 
 from hypha.accelerate_executor import __version__
+from hypha.accelerate_executor.shim.arch import host_arch
 from hypha.accelerate_executor.variants import (
     CONTAINER_VARIANTS,
     GPU_VARIANTS,
     HOST_VARIANT,
     NAMES,
     NVIDIA_VARIANTS,
+    Arch,
 )
 
 __all__ = [
@@ -27,9 +29,12 @@ IMAGE_REPOSITORY = "hypha-accelerate-executor"
 VARIANTS = NAMES
 
 
-def image_tags(variant: str) -> tuple[str, str]:
-    """The tag this shim's release matches first, then the moving per-variant tag."""
-    return f"{IMAGE_REPOSITORY}:{__version__}-{variant}", f"{IMAGE_REPOSITORY}:{variant}"
+def image_tags(variant: str, arch: Arch | None = None) -> tuple[str, str]:
+    """The tag this shim's release matches first, then the moving per-variant tag. An image
+    built for another architecture than this host's says so in its tags (cpu-arm64), so
+    that both can sit on one engine and the plain tag is always the one this host runs."""
+    name = variant if arch in (None, host_arch()) else f"{variant}-{arch}"
+    return f"{IMAGE_REPOSITORY}:{__version__}-{name}", f"{IMAGE_REPOSITORY}:{name}"
 
 
 def build_command(variant: str) -> str:

@@ -1,11 +1,15 @@
 """`hypha-accelerate worker-config`: ready-to-paste `[[executors]]` entries for a worker's TOML.
 
     hypha-accelerate worker-config --variant V|auto [--mode shim|docker|both] [--user UID:GID]
-                                   [--bundle DIR]
+                                   [--bundle DIR] [--registry HOST[:PORT][/PATH]]
 
 `--variant auto` picks the variant this host runs best (gpu_host.pick_variant: the NVIDIA
 driver's version against each CUDA variant's needs, ROCm's devices, Apple silicon) and says
 why in a comment above the entries.
+
+`--registry` names the image `hypha-accelerate publish` pushed there: pulled for this host's
+architecture when the engine lacks it, and named in both entries by its registry digest,
+which a comment states with the architecture, so the worker runs exactly that image.
 
 The shim entry runs `hypha-accelerate run`; the docker entry has the worker run `docker run`
 itself, with the same container the shim would create (spec.ContainerSpec renders both).
@@ -77,6 +81,11 @@ def parser() -> argparse.ArgumentParser:
         help="uid:gid of the worker (docker entry); default: yours",
     )
     p.add_argument("--bundle", help=f"{HOST_VARIANT}: the bundle folder the shim runs")
+    p.add_argument(
+        "--registry",
+        metavar="HOST[:PORT][/PATH]",
+        help="run the variant's image from this registry (pulled when missing, pinned by digest)",
+    )
     return p
 
 
@@ -97,10 +106,12 @@ def _toml_array(args: list[str]) -> str:
     return f"[\n{body}]"
 
 
-def shim_entry(variant: str, bundle: str | None) -> str:
+def shim_entry(variant: str, bundle: str | None, image: str | None) -> str:
     args = ["run", "--variant", variant]
     if bundle:
         args += ["--bundle", bundle]
+    if image:
+        args += ["--image", image]
     args += launcher_args(*TOKENS)
     return f"{SHIM_NOTE}\n[[executors]]\n{ENTRY_HEAD}cmd = {json.dumps(console_script())}\nargs = {_toml_array(args)}\n"
 
@@ -116,7 +127,7 @@ def _rocm_groups() -> tuple[list[str], str]:
     )
 
 
-def docker_entry(variant: str, user: str) -> str:
+def docker_entry(variant: str, user: str, image: str | None) -> str:
     devices: tuple[str, ...] = ()
     groups: list[str] = []
     note = ""
@@ -126,7 +137,7 @@ def docker_entry(variant: str, user: str) -> str:
         devices = ROCM_DEVICES
         groups, note = _rocm_groups()
     spec = ContainerSpec(
-        image=image_tags(variant)[0],
+        image=image or image_tags(variant)[0],
         command=launcher_args(*TOKENS),
         user=user,
         work_dir="{WORK_DIR}",
@@ -145,7 +156,32 @@ def docker_entry(variant: str, user: str) -> str:
     )
 
 
-def render(variant: str, mode: str, user: str, bundle: str | None) -> str:
+def check_built_for_host(variant: str) -> None:
+    """A container variant must have an image of this host's architecture."""
+    from hypha.accelerate_executor.shim.arch import host_arch
+    from hypha.accelerate_executor.variants import BUILDS
+
+    arch = host_arch()
+    if variant != HOST_VARIANT and (variant, arch) not in BUILDS:
+        built = ", ".join(name for name, a in BUILDS if a == arch)
+        raise ShimError(f"{variant} has no {arch} image; this host's variants: {built}")
+
+
+def pinned_image(variant: str, registry: str) -> tuple[str, str]:
+    """The registry's image of `variant` for this host, by digest, and a comment saying so."""
+    from hypha.accelerate_executor.shim.arch import image_arch
+    from hypha.accelerate_executor.shim.engine import connect, registry_image
+
+    if variant == HOST_VARIANT:
+        raise ShimError(f"{HOST_VARIANT} is a bundle, not an image: --registry does not apply")
+    image = registry_image(connect(), registry, variant)
+    return image.pinned, (
+        f"# Image {image.tag} ({image.digest}), linux/{image_arch(image.inspected)} "
+        f"on this host: image id {image.inspected.get('Id')}.\n"
+    )
+
+
+def render(variant: str, mode: str, user: str, bundle: str | None, image: str | None = None) -> str:
     if variant == HOST_VARIANT:
         if mode == "docker":
             raise ShimError(f"{HOST_VARIANT} is not a container: use --mode shim")
@@ -167,9 +203,9 @@ def render(variant: str, mode: str, user: str, bundle: str | None) -> str:
     if mode == "both":
         parts.append("# Paste ONE of the two entries below (both serve the same executor name).")
     if mode in ("shim", "both"):
-        parts.append(shim_entry(variant, bundle))
+        parts.append(shim_entry(variant, bundle, image))
     if mode in ("docker", "both"):
-        parts.append(docker_entry(variant, user))
+        parts.append(docker_entry(variant, user, image))
     return "\n".join(parts)
 
 
@@ -181,7 +217,9 @@ def main(argv: list[str]) -> int:
         if variant == "auto":
             variant, why = pick_variant(read_host(os.environ))
             chosen = f"# --variant auto chose {variant}: {why}.\n"
-        print(chosen + render(variant, args.mode, user, args.bundle), end="")
+        check_built_for_host(variant)
+        image, pinned = pinned_image(variant, args.registry) if args.registry else (None, "")
+        print(chosen + pinned + render(variant, args.mode, user, args.bundle, image), end="")
         return EXIT_OK
 
     return run_main(PROG, body)
