@@ -123,7 +123,7 @@ def parse_from(values: list[str]) -> dict[Arch, str]:
         arch, sep, image = value.partition("=")
         if not sep or arch not in ARCHES or not image:
             raise ShimError(f"--from {value}: expected ARCH=IMAGE with ARCH one of {ARCHES}")
-        given[arch] = image  # type: ignore[index]
+        given[arch] = image
     return given
 
 
