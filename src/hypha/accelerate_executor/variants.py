@@ -11,7 +11,7 @@ and its row agree, and that the torch build exists).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -157,32 +157,14 @@ VARIANTS: tuple[Variant, ...] = (
 # Docker), rows of their own where the wheels differ from x86_64's. PyPI's torch for
 # manylinux_2_28_aarch64 is a CPU build up to 2.10.0 and the CUDA 13 build from then on
 # (docker/torch-releases.toml, `aarch64`); the PyTorch index's +cpu wheels are x86_64's.
-ARM64_VARIANTS: tuple[Variant, ...] = (
-    Variant(
-        name="cpu",
-        accelerator="cpu",
-        torch="2.10.0",
-        local_label=None,
-        index=None,
-        runtime=None,
-        driver=None,
-        requirements="cpu-arm64.txt",
-        arch="arm64",
-    ),
-    Variant(
-        name="cu130",
-        accelerator="nvidia",
-        torch="2.13.0",
-        local_label=None,
-        index=None,
-        runtime="13.0",
-        driver=DriverNeed(native="580.65.06", compatible=None),
-        requirements="cu130-arm64.txt",
-        arch="arm64",
-    ),
-)
-
 BY_NAME = {v.name: v for v in VARIANTS}
+ARM64_VARIANTS: tuple[Variant, ...] = (
+    replace(
+        BY_NAME["cpu"], torch="2.10.0", local_label=None, index=None,
+        requirements="cpu-arm64.txt", arch="arm64",
+    ),
+    replace(BY_NAME["cu130"], requirements="cu130-arm64.txt", arch="arm64"),
+)  # fmt: skip
 # Every container build: (variant, architecture) -> its row. BY_NAME's rows are amd64's.
 BUILDS: dict[tuple[str, Arch], Variant] = {
     **{(v.name, v.arch): v for v in VARIANTS if v.container},
