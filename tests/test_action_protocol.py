@@ -298,7 +298,7 @@ def test_two_workers_train_over_the_action_protocol_and_the_loss_falls(
     # before `sent-update`, not because the stand-in kept a push nobody received.
     code = run_demo(
         options, preset("process"), out_dir=tmp_path / "out", work_base=short_tmp,
-        assets_dir=assets_dir, strict_receive=True,
+        assets_dir=assets_dir, strict_receive=True, timeout_s=600,
     )  # fmt: skip
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert code == 0, summary["reasons"]
