@@ -2,7 +2,8 @@
 action-era bridge on a real Unix socket, both with the stand-in's scheduler (a real 2-worker
 job whose loss falls) and with a scripted one for the sharp edges of
 docs/protocol-actions.md: `execute-batch{0}`, a straggler's `apply-update` without a send,
-a receive whose deadline has passed, SIGTERM in the middle of a long `idle`."""
+a receive whose deadline has passed, SIGTERM in the middle of a long `idle`, and an aggregate
+pushed before `apply-update` to a bridge that drops pushes no receive is open for."""
 
 from __future__ import annotations
 
@@ -96,6 +97,7 @@ class ScriptedBackend(InProcessBackend):
         self.statuses: list[dict[str, Any]] = []
         self.sent: list[tuple[str, bytes]] = []
         self.pushes: list[Push] = []
+        self.handed = 0  # the last push the bridge has taken
         self._lock = threading.Condition()
 
     def action(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -116,17 +118,37 @@ class ScriptedBackend(InProcessBackend):
             if not ready:
                 self._lock.wait(wait_s)
                 ready = [push for push in self.pushes if push.seq > after]
+            if ready:
+                self.handed = ready[0].seq
             return ready[0] if ready else None
 
-    def push(self, data: bytes) -> None:
+    def push(self, data: bytes) -> int:
         with self._lock:
             self.pushes.append(Push(len(self.pushes) + 1, PS, data))
             self._lock.notify_all()
+            return len(self.pushes)
+
+
+def until(condition: Any, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never came true"
+        time.sleep(0.05)
+
+
+def push_once_receiving(bridge: BridgeServer, backend: ScriptedBackend, data: bytes) -> None:
+    """Pushes `data` once a receive is open, on a thread: the bridge is strict."""
+
+    def push() -> None:
+        until(lambda: bridge.receives_open() > 0)
+        backend.push(data)
+
+    threading.Thread(target=push, daemon=True).start()
 
 
 @contextmanager
 def action_bridge(
-    assets_dir: Path, work_dir: Path, script: Any
+    assets_dir: Path, work_dir: Path, script: Any, strict_receive: bool = True
 ) -> Iterator[tuple[str, BridgeServer, ScriptedBackend]]:
     options = RunOptions(workers=1, rounds=50, generation="actions")
     coordinator = Coordinator(Catalog.from_assets(ensure_assets(assets_dir)), options)
@@ -134,7 +156,9 @@ def action_bridge(
     job_id = json.loads(job_json)["job_id"]
     backend = ScriptedBackend(coordinator, job_id, script)
     work_dir.mkdir()
-    bridge = BridgeServer(work_dir, backend, generation="actions", job_id=job_id)
+    bridge = BridgeServer(
+        work_dir, backend, generation="actions", job_id=job_id, strict_receive=strict_receive
+    )
     bridge.start()
     try:
         yield job_json, bridge, backend
@@ -163,7 +187,10 @@ def test_the_probe_and_the_action_era_routes(assets_dir: Path, short_tmp: Path) 
         # A deadline that has passed is never sent: the bridge would wait for ever.
         assert client.receive_one(target, "incoming", time.time() - 1) is None
         assert client.receive_one(target, "incoming", time.time() + 0.3) is None  # 204
-        backend.push(b"an update")
+        # Strict: a push that comes while no receive is open is dropped.
+        bridge._deliver(Push(100, PS, b"nobody receives this"))
+        assert client.receive_one(target, "incoming", time.time() + 0.3) is None
+        push_once_receiving(bridge, backend, b"an update")
         received = client.receive_one(target, "incoming", time.time() + 30)
         assert received is not None and received.from_peer == PS
         assert received.path.read_bytes() == b"an update"
@@ -171,6 +198,15 @@ def test_the_probe_and_the_action_era_routes(assets_dir: Path, short_tmp: Path) 
             client._post_json("/resources/send", {"resource": peers([PS], "All"), "path": "x"}, 5)
         with pytest.raises(BridgeError, match="404"):
             client._post_json("/status/send", "update", 5)
+    lenient = action_bridge(assets_dir, short_tmp / "kind", script, strict_receive=False)
+    with lenient as (job_json, bridge, backend):
+        # Not strict: the push waits for the next receive.
+        bridge._deliver(Push(100, PS, b"kept"))
+        client = ActionBridgeClient(
+            bridge.socket_path, bridge.work_dir, json.loads(job_json)["job_id"]
+        )
+        received = client.receive_one(target, "incoming", time.time() + 30)
+        assert received is not None and received.path.read_bytes() == b"kept"
     alpha17 = short_tmp / "alpha17"
     alpha17.mkdir()
     with BridgeServer(alpha17, backend) as old:
@@ -209,7 +245,7 @@ def test_batches_zero_a_straggler_a_past_deadline_and_terminate(
         return next(steps)
 
     with action_bridge(assets_dir, short_tmp / "work", script) as (job_json, bridge, backend):
-        backend.push(zero_update(assets_dir))
+        push_once_receiving(bridge, backend, zero_update(assets_dir))  # the straggler's
         process = run_executor(job_json, bridge)
         out, err = process.communicate(timeout=300)
     assert process.returncode == 0, err
@@ -258,12 +294,44 @@ def test_two_workers_train_over_the_action_protocol_and_the_loss_falls(
     assets_dir: Path, tmp_path: Path, short_tmp: Path
 ) -> None:
     options = RunOptions(workers=2, rounds=3, steps_per_round=20, generation="actions")
+    # Strict bridges: each update is received because the executor opened its receive
+    # before `sent-update`, not because the stand-in kept a push nobody received.
     code = run_demo(
         options, preset("process"), out_dir=tmp_path / "out", work_base=short_tmp,
-        assets_dir=assets_dir,
+        assets_dir=assets_dir, strict_receive=True, timeout_s=600,
     )  # fmt: skip
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert code == 0, summary["reasons"]
     assert [w["exit_code"] for w in summary["workers"].values()] == [0, 0]
     assert len(summary["rounds"]) == 3
     assert summary["final_mean_loss"] < 0.6 * summary["first_mean_loss"]
+
+
+@pytest.mark.slow
+def test_an_aggregate_pushed_before_apply_update_reaches_a_strict_bridge(
+    assets_dir: Path, short_tmp: Path
+) -> None:
+    """The parameter server pushes as soon as `sent-update` tells it the update is in, before
+    the scheduler's `apply-update`: the receive opened after the send takes it."""
+    source = peers([PS], "All")
+    statuses_seen: list[str] = []
+
+    def script(details: dict[str, Any]) -> dict[str, Any]:
+        statuses_seen.append(details["state"])
+        match details["state"]:
+            case "joined":
+                return {"kind": "execute-batch", "batches": 2}
+            case "batch-completed":
+                return {"kind": "send-update", "target": peers([PS], "One"), "weight": 1.0}
+            case "sent-update":
+                pushed = backend.push(zero_update(assets_dir))
+                # Answered once the bridge has the push and no receive waits any more.
+                until(lambda: backend.handed >= pushed and bridge.receives_open() == 0)
+                return {"kind": "apply-update", "source": source, "timeout": later(5)}
+        return {"kind": "terminate"}
+
+    with action_bridge(assets_dir, short_tmp / "work", script) as (job_json, bridge, backend):
+        process = run_executor(job_json, bridge)
+        _, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err
+    assert statuses_seen == ["joined", "batch-completed", "sent-update", "applied-update"], err

@@ -25,7 +25,7 @@ from safetensors.torch import load
 
 from hypha.accelerate_executor.actions import system_time
 from hypha.accelerate_executor.local.action_scheduler import peers
-from test_action_protocol import action_bridge, assets_dir, zero_update
+from test_action_protocol import action_bridge, assets_dir, push_once_receiving, zero_update
 
 PS = "12D3KooWJ6MBkbH3o7j2yhhDAF7gRxA4Zm5cpuEUr2Znp1VvNBw3"
 SOURCE = peers([PS], "All")
@@ -78,9 +78,10 @@ def run(
     script: list[dict[str, Any]], speculative: str, assets_dir: Path, work: Path
 ) -> tuple[list[dict[str, Any]], list[dict[str, torch.Tensor]], str]:
     """The statuses, the pseudo-gradients sent and stdout of one run of the script."""
+    assert script.count(APPLY) == 1
     with action_bridge(assets_dir, work, answering(script)) as (job_json, bridge, backend):
-        for _ in range(script.count(APPLY)):
-            backend.push(zero_update(assets_dir))
+        # The bridge is strict: the update comes once the receive opened after the send is.
+        push_once_receiving(bridge, backend, zero_update(assets_dir))
         env = {**os.environ, "JOB_JSON": job_json, "HYPHA_SPECULATIVE_STEP": speculative}
         done = subprocess.run(
             [*SEEDED_EXECUTOR, "--socket", str(bridge.socket_path), "--work-dir", str(work)],
@@ -129,7 +130,7 @@ def test_two_ranks_stay_in_step_through_dropped_and_used_gradients(
     would hang or fail), through idle, `batches: 0` and the round's actions."""
     work = short_tmp / "work"
     with action_bridge(assets_dir, work, answering(INTERLEAVED)) as (job_json, bridge, backend):
-        backend.push(zero_update(assets_dir))
+        push_once_receiving(bridge, backend, zero_update(assets_dir))
         launcher = [sys.executable, "-m", "hypha.accelerate_executor.launcher"]
         done = subprocess.run(
             [*launcher, "--accelerate-config", "multi-cpu", "--num-processes", "2",

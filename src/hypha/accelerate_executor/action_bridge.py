@@ -4,13 +4,15 @@ probe that tells the two generations apart.
 Beside alpha.17's fetch (unchanged, BridgeClient's): `POST /action/update` reports a status
 and returns the next action; `POST /resources/send` returns once every target has the bytes
 and always carries `remove_file`; `POST /resources/receive` waits for one file until an
-absolute deadline and answers it as JSON, or 204 when none came.
+absolute deadline and answers it as JSON, or 204 when none came. An `EarlyReceive` is such
+a receive opened on a thread of its own before the action that wants its file arrives.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -107,3 +109,53 @@ class ActionBridgeClient(BridgeClient):
         except ValueError:
             raise BridgeError(route, 200, "bad_answer", "the answer is not JSON") from None
         return self._received(entry)
+
+
+class EarlyReceive:
+    """One `receive_one` running on a daemon thread, opened before the action that wants its
+    file: a bridge may drop a push that comes while no receive is open, and the push can come
+    before the action does (docs/protocol-actions.md, the action loop). Its file, its 204 or
+    its failure is taken with `wait` and `outcome`. Daemon: a job that ends while it waits
+    leaves without joining it (entry.exit_without_teardown)."""
+
+    def __init__(
+        self,
+        client: ActionBridgeClient,
+        reference: ActionPeersReference,
+        relative_dir: str,
+        deadline: float,
+    ) -> None:
+        self.reference = reference
+        self._done = threading.Event()
+        self._file: ReceivedFile | None = None
+        self._failure: Exception | None = None
+        self._thread = threading.Thread(
+            target=self._receive,
+            args=(client, relative_dir, deadline),
+            name="early-receive",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def _receive(self, client: ActionBridgeClient, relative_dir: str, deadline: float) -> None:
+        try:
+            self._file = client.receive_one(self.reference, relative_dir, deadline)
+        except Exception as exc:  # raised again where the outcome is taken
+            self._failure = exc
+        finally:
+            self._done.set()
+
+    def wait(self, deadline: float) -> bool:
+        """Whether it has ended by `deadline` (seconds since the epoch)."""
+        return self._done.wait(max(0.0, deadline - time.time()))
+
+    def ended_without_file(self) -> bool:
+        """Ended with a 204 or a failure: nothing of it is left to take."""
+        return self._done.is_set() and self._file is None
+
+    def outcome(self) -> ReceivedFile | None:
+        """Once ended: its file, None for a 204; what the receive raised, raised again."""
+        assert self._done.is_set()
+        if self._failure is not None:
+            raise self._failure
+        return self._file

@@ -21,6 +21,12 @@ part in the action's collectives (the steps, gathering the weights, loading them
 rank 0 shares whether its own part (a send, a receive) worked before the others load
 anything.
 
+Never a lost update: a bridge may drop a push that no open receive takes, and the
+parameter server can push the aggregate before `apply-update` reaches us. So rank 0 opens
+its receive from the send's target right after sending an update, before `sent-update` can
+lead to the push (an EarlyReceive), and `apply-update` takes the file from it. A
+`receive-model`'s source is named only by the action itself, so that receive opens then.
+
 Never a stale status: each action is answered with the status of what it did, so a sample
 is reported once (upstream resends its previous status after `execute-batch{0}`).
 
@@ -61,13 +67,14 @@ from hypha.accelerate_executor.actions import (
     sent_update,
 )
 from hypha.accelerate_executor.errors import BridgeError, ExecutorError
-from hypha.accelerate_executor.job import ActionJob, ActionPeersReference
+from hypha.accelerate_executor.job import ActionJob, ActionPeersReference, Strategy
 from hypha.accelerate_executor.workbench import Workbench
 
 if TYPE_CHECKING:
     import torch
 
-    from hypha.accelerate_executor.action_bridge import ActionBridgeClient
+    from hypha.accelerate_executor.action_bridge import ActionBridgeClient, EarlyReceive
+    from hypha.accelerate_executor.bridge import ReceivedFile
     from hypha.accelerate_executor.data import Batch
     from hypha.accelerate_executor.diloco import GlobalWeights
     from hypha.accelerate_executor.speculative import SpeculativeStep
@@ -77,6 +84,10 @@ if TYPE_CHECKING:
 # once is not asked again in a tight loop. Batches that train are reported at once.
 MIN_LOOP_S = 0.1
 RECEIVE_DIR = "incoming"
+# How long the receive opened after a send stays open: the aggregate comes once the round's
+# slowest peer has sent too, which can be a whole window of training after us. An open
+# receive costs nothing while it waits; when it ends empty, `apply-update` opens its own.
+EARLY_RECEIVE_S = 3600.0
 # Statuses after which the scheduler usually answers `execute-batch`: the next batch's
 # gradient is computed while they are on their way. Each is the status of an action every
 # rank reports alike, so every rank decides the same.
@@ -129,6 +140,7 @@ class ActionTrainer(Workbench):
         self.updates_sent = 0
         self.models_sent = 0
         self.window = _Window()
+        self.early: EarlyReceive | None = None  # rank 0's receive opened after a send
         self.said_lr_multiplier = False
         self.ahead: SpeculativeStep | None = None
         self.speculation_note = "speculative step off, as asked: each action is awaited"
@@ -256,6 +268,7 @@ class ActionTrainer(Workbench):
             self.client.send_file(target, relative, remove_file=True)
         except BridgeError as exc:
             return error_status("connection", f"sending the update failed: {exc}")
+        self._open_early_receive(target)  # before the status that leads to the push
         metrics = {"batches": float(window.batches), "weight": weight}
         if window.batches:
             samples = window.batches * self.job.config.batch_size
@@ -280,7 +293,9 @@ class ActionTrainer(Workbench):
         straggler): the local drift of the round is dropped with it."""
         problem = None
         if self.client is not None:
-            problem = self._receive_into(source, deadline, self.global_weights.merge_update)
+            problem = self._receive_into(
+                source, deadline, self.global_weights.merge_update, early=True
+            )
         problem = self.ranks.share(problem)
         if problem is not None:
             return problem
@@ -327,14 +342,46 @@ class ActionTrainer(Workbench):
         if pause > 0:
             time.sleep(pause)
 
-    def _receive_into(
-        self, source: ActionPeersReference, deadline: float, use: Callable[[Path], int]
-    ) -> Status | None:
-        """Rank 0: one file from `source` before `deadline`, handed to `use(path)`; an error
-        status when none came or it could not be used."""
+    def _open_early_receive(self, target: ActionPeersReference) -> None:
+        """Rank 0, after a send: a receive from every peer of the send's target (the
+        parameter servers; the one that takes the update pushes the aggregate), unless one
+        is still open or holds a file: an open receive takes the next push, so a second
+        beside it would not."""
+        from hypha.accelerate_executor.action_bridge import EarlyReceive
+
         assert self.client is not None
+        if self.early is None or self.early.ended_without_file():
+            deadline = time.time() + EARLY_RECEIVE_S
+            source = target.model_copy(update={"strategy": Strategy(type="All")})
+            self.early = EarlyReceive(self.client, source, RECEIVE_DIR, deadline)
+
+    def _receive(
+        self, source: ActionPeersReference, deadline: float, early: bool
+    ) -> ReceivedFile | None:
+        """Rank 0: one file from `source` before `deadline`, None when none came; from the
+        receive opened after the send when `early` and there is one for `source`. One still
+        open at the deadline is kept for the next `apply-update`."""
+        assert self.client is not None
+        pending = self.early if early else None
+        if pending is not None and set(pending.reference.peers) <= set(source.peers):
+            if not pending.wait(deadline):
+                return None
+            self.early = None
+            if (received := pending.outcome()) is not None:
+                return received
+        return self.client.receive_one(source, RECEIVE_DIR, deadline)
+
+    def _receive_into(
+        self,
+        source: ActionPeersReference,
+        deadline: float,
+        use: Callable[[Path], int],
+        early: bool = False,
+    ) -> Status | None:
+        """Rank 0: one file from `source` before `deadline` (see `_receive`), handed to
+        `use(path)`; an error status when none came or it could not be used."""
         try:
-            received = self.client.receive_one(source, RECEIVE_DIR, deadline)
+            received = self._receive(source, deadline, early)
         except BridgeError as exc:
             return error_status("connection", f"receiving failed: {exc}")
         if received is None:

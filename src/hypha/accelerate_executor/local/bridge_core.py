@@ -12,9 +12,10 @@ socket; what lies beyond the bridge (scheduler, data, models, peers) is a `Bridg
 section 2): `/action/update` in place of `/status/send`, a send that answers once every
 target has the bytes and deletes the file when asked (`remove_file`), and a receive that
 waits for one push until its deadline (204 when none came). A deadline already past sets no
-timer at all, as upstream's: such a receive waits until the job ends. A push that arrives
-while no receive is open waits for the next one (whether upstream's connector keeps it is an
-open question, docs/protocol-actions.md).
+timer at all, as upstream's: such a receive waits until the job ends. A push goes to the
+first open receive that allows its peer. One that arrives while none is open is kept for the
+next receive, or with `strict_receive` dropped and logged, as upstream's connector may drop a
+stream no receive has registered (docs/protocol-actions.md: why strict is not the default).
 """
 
 from __future__ import annotations
@@ -70,11 +71,17 @@ class JobBridge:
         name: str = "bridge",
         generation: Generation = "alpha17",
         job_id: str | None = None,
+        strict_receive: bool = False,
     ) -> None:
-        """`job_id`: the job an action-era bridge serves; requests for another are refused."""
+        """`job_id`: the job an action-era bridge serves; requests for another are refused.
+        `strict_receive`: an action-era push that no open receive takes is dropped."""
         self.generation: Generation = generation
         self.job_id = job_id
-        self._inbox: queue.Queue[Push] = queue.Queue()  # action-era pushes not yet received
+        self.strict_receive = strict_receive
+        # Action era, under _lock: the open receives, each its allowed peers (none: any) and
+        # the queue it waits on, oldest first; and the pushes kept for the next receive.
+        self._receives: list[tuple[set[str], queue.Queue[Push]]] = []
+        self._inbox: list[Push] = []
         self.work_dir = Path(work_dir)
         self.backend = backend
         self.owner = owner if owner is not None and os.geteuid() == 0 else None
@@ -242,29 +249,58 @@ class JobBridge:
             raise invalid_request(f"receive needs strategy All, not {resource['strategy']['type']}")
         directory = self._relative(request.get("path", DEFAULT_RECEIVE_DIR))
         allowed = set(resource["peers"])
-        timeout = request.get("timeout")
-        deadline = None
-        if timeout is not None:
-            deadline = timeout["secs_since_epoch"] + timeout["nanos_since_epoch"] / 1e9
-            if deadline == time.time():
-                return None
-            if deadline < time.time():
-                deadline = None  # upstream: a deadline in the past sets no timer at all
+        deadline = _deadline_of(request)
+        mine: queue.Queue[Push] = queue.Queue()
+        with self._lock:
+            kept, self._inbox = self._inbox, []
+            for held in kept:
+                self._offer(mine, allowed, held)
+            self._receives.append((allowed, mine))
+        try:
+            push = self._next_push(mine, deadline)
+        finally:
+            with self._lock:
+                self._receives.remove((allowed, mine))
+                while not mine.empty():  # came as the receive ended
+                    self._unreceived(mine.get())
+        if push is None:
+            return None
+        rel = f"{directory.relative_to(self._real_work_dir).as_posix()}/{push.from_peer}"
+        size = self._write(self._relative(rel), partial(_write_bytes, push.data))
+        return {"path": rel, "size": size, "from_peer": push.from_peer}
+
+    def receives_open(self) -> int:
+        """How many action-era receives are waiting now."""
+        with self._lock:
+            return len(self._receives)
+
+    def _next_push(self, mine: queue.Queue[Push], deadline: float | None) -> Push | None:
         while not self._stopping.is_set():
             wait = PUSH_POLL_S if deadline is None else min(PUSH_POLL_S, deadline - time.time())
             if wait <= 0:
                 return None
             try:
-                push = self._inbox.get(timeout=wait)
+                return mine.get(timeout=wait)
             except queue.Empty:
                 continue
-            if allowed and push.from_peer not in allowed:
-                self.log(f"dropped a push from {push.from_peer}, which this receive does not allow")
-                continue
-            rel = f"{directory.relative_to(self._real_work_dir).as_posix()}/{push.from_peer}"
-            size = self._write(self._relative(rel), partial(_write_bytes, push.data))
-            return {"path": rel, "size": size, "from_peer": push.from_peer}
         return None
+
+    def _offer(self, mine: queue.Queue[Push], allowed: set[str], push: Push) -> None:
+        """A kept push to a receive that has just opened."""
+        if allowed and push.from_peer not in allowed:
+            self.log(f"dropped a push from {push.from_peer}, which this receive does not allow")
+        else:
+            mine.put(push)
+
+    def _unreceived(self, push: Push) -> None:
+        """Under _lock: a push no open receive takes."""
+        if self.strict_receive:
+            self.log(
+                f"dropped a push from {push.from_peer}: no receive of the job was open "
+                "(strict_receive)"
+            )
+        else:
+            self._inbox.append(push)
 
     def status(self, progress: Any) -> dict[str, Any]:
         try:
@@ -360,7 +396,12 @@ class JobBridge:
             self.log(f"dropped a push from an unusable peer id {push.from_peer!r}")
             return
         if self.generation == "actions":
-            self._inbox.put(push)  # a receive (receive_one) takes it
+            with self._lock:
+                for allowed, waiting in self._receives:
+                    if not allowed or push.from_peer in allowed:
+                        waiting.put(push)
+                        return
+                self._unreceived(push)
             return
         with self._lock:
             rel = f"{self._receive_dir}/{push.from_peer}"
@@ -381,3 +422,13 @@ class JobBridge:
 
 def _write_bytes(data: bytes, out: BinaryIO) -> None:
     out.write(data)
+
+
+def _deadline_of(request: dict[str, Any]) -> float | None:
+    """A receive's deadline in seconds since the epoch; None for none, and for one already
+    past: upstream sets no timer for it."""
+    timeout = request.get("timeout")
+    if timeout is None:
+        return None
+    deadline = float(timeout["secs_since_epoch"] + timeout["nanos_since_epoch"] / 1e9)
+    return deadline if deadline >= time.time() else None

@@ -135,6 +135,12 @@ def _worker_options_parser() -> OneLineArgumentParser:
         help="parent of the per-job work dirs",
     )
     worker.add_argument(
+        "--strict-receive",
+        action="store_true",
+        help="actions only: the bridge drops a push that comes while no receive of the job is "
+        "open, as upstream's connector may, instead of keeping it for the next receive",
+    )
+    worker.add_argument(
         "--as-user",
         type=_owner,
         default=None,
@@ -252,6 +258,7 @@ def _with_run_options(args: argparse.Namespace) -> int:
             assets_dir=args.assets,
             owner=args.as_user,
             timeout_s=args.timeout,
+            strict_receive=args.strict_receive,
         )
 
     from hypha.accelerate_executor.local.assets import ensure_assets
@@ -284,6 +291,7 @@ def _worker(args: argparse.Namespace) -> int:
         args.work_base,
         owner=args.as_user,
         keep_work_dir=args.keep_work_dir,
+        strict_receive=args.strict_receive,
         env={"OMP_NUM_THREADS": str(args.threads)} if args.threads else None,
     )
     client = CoordinatorClient(args.coordinator)

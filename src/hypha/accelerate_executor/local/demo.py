@@ -75,6 +75,7 @@ def run_demo(
     owner: tuple[int, int] | None = None,
     timeout_s: float = 1800.0,
     keepalive_s: float = 5.0,
+    strict_receive: bool = False,
 ) -> int:
     say("demo", f"preparing the {options.job} job's model and data (generated once, then cached)")
     catalog = Catalog.from_assets(ensure_assets(assets_dir, options.asset_spec()))
@@ -106,6 +107,7 @@ def run_demo(
             work_base,
             owner=owner,
             keepalive_s=keepalive_s,
+            strict_receive=strict_receive,
             env={"OMP_NUM_THREADS": threads_each},
         )
         for index in range(options.all_workers)

@@ -74,11 +74,14 @@ class LocalWorker:
         kill_after_s: float = HYPHA_WORKER_KILL_AFTER_S,
         env: dict[str, str] | None = None,
         generation: Generation | None = None,
+        strict_receive: bool = False,
     ) -> None:
         """`generation`: the bridge this worker serves, as a Hypha release's worker does
         (alpha.17's, or the action protocol's of later releases); None: the one the
-        coordinator plays, as its job shows (an action-era job names no `updates`)."""
+        coordinator plays, as its job shows (an action-era job names no `updates`).
+        `strict_receive`: its action-era bridge drops a push no open receive takes."""
         self.generation = generation
+        self.strict_receive = strict_receive
         self.name = name
         self.executor = executor
         self.work_base = Path(work_base)
@@ -105,6 +108,7 @@ class LocalWorker:
                 name=f"{self.name} bridge",
                 generation=generation,
                 job_id=str(json.loads(job_json)["job_id"]),
+                strict_receive=self.strict_receive,
             )
             try:
                 bridge.start()
