@@ -53,17 +53,16 @@ def executor(ranks: str, trust_remote_code: bool) -> ExecutorEntry:
 
 
 class TaskClient(CoordinatorClient):
-    """The coordinator's client, with the job set to a task matrix case's task and inputs."""
+    """The coordinator's client, with the job made a task matrix case's (its task, inputs
+    and learning rate)."""
 
-    def __init__(self, url: str, task: dict[str, Any]) -> None:
+    def __init__(self, url: str, case: Any) -> None:
         super().__init__(url)
-        self.task = task
+        self.case = case
 
     def request_job(self, worker: str) -> str:
         job: dict[str, Any] = json.loads(super().request_job(worker))
-        config = job["executor"]["config"]
-        config["model"].update(task=self.task["task"], **{"input-names": self.task["inputs"]})
-        config["optimizer"]["learning-rate"] = self.task["learning_rate"]
+        self.case.retarget(job)
         return json.dumps(job)
 
 
@@ -79,31 +78,21 @@ class Cell:
     seconds: float
 
 
-def task_catalog(job: str, root: Path) -> tuple[Catalog, dict[str, Any]]:
-    sys.path.insert(0, str(REPO / "tests"))  # the task matrix's tiny models and slices
+def task_case(job: str) -> Any:
+    """The task matrix's case (tests/task_models.py) for a task job: its tiny model and
+    slices."""
+    sys.path.insert(0, str(REPO / "tests"))
     from task_models import CASES  # type: ignore[import-not-found]
 
-    case = next(case for case in CASES if case.task == TASK_JOBS[job])
-    repository = "tasks/" + case.task
-    folder = root / "models" / repository
-    folder.mkdir(parents=True)
-    filenames = case.write_model(folder)
-    (root / "data").mkdir()
-    case.write_slices(root / "data", 4)
-    catalog = Catalog(root / "models", root / "data", "synthetic", repository, tuple(filenames))
-    task = {
-        "task": case.task,
-        "inputs": list(case.input_names),
-        "learning_rate": case.learning_rate,
-    }
-    return catalog, task
+    return next(case for case in CASES if case.task == TASK_JOBS[job])
 
 
 def run_cell(generation: str, job: str, ranks: str, rounds: int, root: Path) -> Cell:
     started = time.perf_counter()
-    task: dict[str, Any] | None = None
+    case: Any = None
     if job in TASK_JOBS:
-        catalog, task = task_catalog(job, root / "assets")
+        case = task_case(job)
+        catalog = case.write_catalog(root / "assets")
         options = RunOptions(
             workers=1, rounds=rounds, steps_per_round=6, batch_size=8, learning_rate=1e-2,
             lr_schedule="constant", outer_momentum=0.5, generation=generation,  # type: ignore[arg-type]
@@ -118,7 +107,7 @@ def run_cell(generation: str, job: str, ranks: str, rounds: int, root: Path) -> 
         catalog = Catalog.from_assets(ensure_assets(root / "assets", options.asset_spec()))
     codes: list[int | None] = [None]
     with Coordinator(catalog, options) as coordinator:
-        client = TaskClient(coordinator.url, task) if task else CoordinatorClient(coordinator.url)
+        client = TaskClient(coordinator.url, case) if case else CoordinatorClient(coordinator.url)
         worker = LocalWorker("w1", executor(ranks, job == "lenet"), root / "work")
 
         def run() -> None:

@@ -9,10 +9,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import transformers as t
+
+if TYPE_CHECKING:
+    from hypha.accelerate_executor.local.coordinator import Catalog
 
 SAMPLES = 16
 TOKENS = 12
@@ -138,6 +141,25 @@ class TaskCase:
         tensors = {name: tensor.contiguous() for name, tensor in self.slices().items()}
         for index in range(count):
             save_file(tensors, folder / f"{index}.safetensors")
+
+    def write_catalog(self, root: Path, slices: int = 4) -> Catalog:
+        """The model under root/models and `slices` data slices under root/data, as the
+        stand-in's catalog that serves them."""
+        from hypha.accelerate_executor.local.coordinator import Catalog
+
+        repository = "tasks/" + self.task
+        folder = root / "models" / repository
+        folder.mkdir(parents=True)
+        filenames = self.write_model(folder)
+        (root / "data").mkdir()
+        self.write_slices(root / "data", slices)
+        return Catalog(root / "models", root / "data", "synthetic", repository, tuple(filenames))
+
+    def retarget(self, job: dict[str, Any]) -> None:
+        """The stand-in's job made this case's: its task, inputs and learning rate."""
+        config = job["executor"]["config"]
+        config["model"].update(task=self.task, **{"input-names": list(self.input_names)})
+        config["optimizer"]["learning-rate"] = self.learning_rate
 
 
 def _qa() -> dict[str, torch.Tensor]:

@@ -16,7 +16,7 @@ import torch
 
 from hypha.accelerate_executor.job import parse_job
 from hypha.accelerate_executor.local.bridge_server import BridgeServer
-from hypha.accelerate_executor.local.coordinator import Catalog, Coordinator, RunOptions
+from hypha.accelerate_executor.local.coordinator import Coordinator, RunOptions
 from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
 from hypha.accelerate_executor.tasks import TASKS, Trains
 from task_models import CASES, TaskCase
@@ -47,19 +47,10 @@ def train(case: TaskCase, root: Path, socket_dir: Path) -> list[float]:
     """Trains the case's job through the stand-in; the loss of every round."""
     from hypha.accelerate_executor.training import Trainer
 
-    repository = "tasks/" + case.task
-    folder = root / "models" / repository
-    folder.mkdir(parents=True)
-    filenames = case.write_model(folder)
-    (root / "data").mkdir()
-    case.write_slices(root / "data", 4)
-    catalog = Catalog(root / "models", root / "data", "synthetic", repository, tuple(filenames))
-    with Coordinator(catalog, replace(OPTIONS)) as coordinator:
+    with Coordinator(case.write_catalog(root), replace(OPTIONS)) as coordinator:
         client = CoordinatorClient(coordinator.url)
         job: dict[str, Any] = json.loads(client.request_job("w1"))
-        config = job["executor"]["config"]
-        config["model"].update(task=case.task, **{"input-names": list(case.input_names)})
-        config["optimizer"]["learning-rate"] = case.learning_rate
+        case.retarget(job)
         work_dir = socket_dir / case.task  # a Unix socket's path must stay short
         work_dir.mkdir()
         with BridgeServer(work_dir, client.backend(job["job_id"])) as bridge:
