@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import grp
 import hashlib
+import io
 import json
 import os
 import socket
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 import uuid
@@ -243,3 +245,30 @@ def wait_until(condition: Any, timeout: float, interval: float = 0.05) -> float:
             raise AssertionError(f"not true after {timeout} s")
         time.sleep(interval)
     return time.monotonic() - start
+
+
+def build_small_image(api: Any, arch: str, tag: str) -> str:
+    """A FROM scratch image for linux/ARCH holding one file that names it; its id."""
+    context = io.BytesIO()
+    with tarfile.open(fileobj=context, mode="w") as tar:
+        for name, data in (
+            ("Dockerfile", b"FROM scratch\nCOPY arch /arch\n"),
+            ("arch", f"{arch} {tag}\n".encode()),
+        ):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    context.seek(0)
+    for event in api.build(
+        fileobj=context,
+        custom_context=True,
+        tag=tag,
+        platform=f"linux/{arch}",
+        nocache=True,
+        rm=True,
+        decode=True,
+    ):
+        assert "error" not in event, event
+    found = api.inspect_image(tag)
+    assert found["Architecture"] == arch
+    return str(found["Id"])

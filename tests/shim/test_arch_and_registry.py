@@ -7,13 +7,11 @@ refusal of an image of another architecture than the host's."""
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import socket
 import subprocess
 import sys
-import tarfile
 import time
 import urllib.request
 import uuid
@@ -22,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from shim_harness import WorkerJob, shim_command
+from shim_harness import WorkerJob, build_small_image, shim_command
 
 from hypha.accelerate_executor.shim.arch import host_arch
 from hypha.accelerate_executor.shim.variants import image_tags
@@ -69,33 +67,6 @@ def registry(tmp_path: Path) -> Iterator[str]:
     finally:
         process.terminate()
         process.wait(timeout=10)
-
-
-def build_small_image(api: Any, arch: str, tag: str) -> str:
-    """A FROM scratch image for linux/ARCH holding one file that names it; its id."""
-    context = io.BytesIO()
-    with tarfile.open(fileobj=context, mode="w") as tar:
-        for name, data in (
-            ("Dockerfile", b"FROM scratch\nCOPY arch /arch\n"),
-            ("arch", f"{arch} {tag}\n".encode()),
-        ):
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    context.seek(0)
-    for event in api.build(
-        fileobj=context,
-        custom_context=True,
-        tag=tag,
-        platform=f"linux/{arch}",
-        nocache=True,
-        rm=True,
-        decode=True,
-    ):
-        assert "error" not in event, event
-    found = api.inspect_image(tag)
-    assert found["Architecture"] == arch
-    return str(found["Id"])
 
 
 @pytest.fixture

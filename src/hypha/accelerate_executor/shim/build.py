@@ -23,6 +23,7 @@ with the architecture (hypha-accelerate-executor:cpu-arm64 on an amd64 host).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shutil
@@ -281,6 +282,36 @@ class Progress:
         )
 
 
+def image_ids(api: APIClient, names: tuple[str, ...]) -> set[str]:
+    """The images these tags name now (those that exist)."""
+    from docker.errors import ImageNotFound
+
+    ids = set()
+    for name in names:
+        with contextlib.suppress(ImageNotFound):
+            ids.add(api.inspect_image(name)["Id"])
+    return ids
+
+
+def remove_replaced(api: APIClient, replaced: set[str]) -> None:
+    """Remove the images a rebuild took the tags from, where nothing else holds them.
+
+    A rebuilt tag leaves its old image untagged, a gigabyte each: a worker that rebuilds on every
+    upgrade (or a CI machine on every run) would fill its disk. The engine refuses to remove an
+    image that another tag or a container still uses, and that refusal is the answer: keep it.
+    """
+    from docker.errors import APIError
+
+    for image_id in replaced:
+        try:
+            api.remove_image(image_id)
+        except APIError:
+            continue
+        print(
+            f"build: removed {image_id[:19]}, the image the rebuilt tags named before", flush=True
+        )
+
+
 def build_image(api: APIClient, root: Path, spec: ImageBuild) -> None:
     from docker.errors import APIError, DockerException
     from requests.exceptions import RequestException
@@ -292,6 +323,7 @@ def build_image(api: APIClient, root: Path, spec: ImageBuild) -> None:
         + (f"offline from {spec.wheelhouse}" if spec.wheelhouse else "online package indexes"),
         flush=True,
     )
+    replaced = image_ids(api, spec.tags)
     with tempfile.NamedTemporaryFile(
         "w", prefix=f"hypha-build-{spec.variant}-", suffix=".log", delete=False
     ) as log:
@@ -334,6 +366,7 @@ def build_image(api: APIClient, root: Path, spec: ImageBuild) -> None:
             "image: the engine ignored the platform"
         )
     size = int(built["Size"])
+    remove_replaced(api, replaced - {built["Id"]})
     elapsed = time.monotonic() - progress.started
     print(
         f"build {spec.variant}: done in {elapsed:.0f}s, {size / 1e9:.2f} GB: {', '.join(spec.tags)}",
