@@ -170,7 +170,8 @@ def table_problems(variants: Sequence[Any], directory: Path, matrix: dict[str, A
 
 def arm64_problems(v: Any, where: str, release: dict[str, Any]) -> list[str]:
     """An arm64 row against what PyPI's aarch64 wheel of its torch is."""
-    if not v.requirements.endswith("-arm64.txt"):
+    if v.requirements != f"{v.name}-arm64.txt":
+        # The Dockerfile picks VARIANT-ARCH.txt by that name when nobody names the file.
         return [f"{where}: an arm64 row's file is named NAME-arm64.txt"]
     if v.local_label:
         return [f"{where}: an arm64 row pins PyPI's own aarch64 build, not +{v.local_label}"]

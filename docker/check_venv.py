@@ -5,6 +5,7 @@ a torch version other than the one its label states, CUDA libraries in the cpu i
 a GPU variant without DeepSpeed, rocm64 without its triton. Reads package metadata only: no torch import.
 
 usage: python check_venv.py VARIANT TORCH_VERSION
+TORCH_VERSION empty: the image states none (compose's builds), so there is none to check.
 """
 
 import importlib.metadata as metadata
@@ -18,7 +19,7 @@ CUDA_LIBRARIES = ("libcudart", "libcublas", "libcudnn", "libnccl", "libcusparse"
 def problems(variant: str, torch_version: str) -> list[str]:
     found: list[str] = []
     installed = metadata.version("torch")
-    if installed.split("+")[0] != torch_version:
+    if torch_version and installed.split("+")[0] != torch_version:
         found.append(f"torch {installed} installed but TORCH_VERSION={torch_version}")
     names = {(dist.metadata["Name"] or "").lower() for dist in metadata.distributions()}
     if variant == "cpu":

@@ -3,6 +3,7 @@ a job of the local stand-in run in a container the way a worker's TOML entry run
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -67,6 +68,54 @@ def image_exists(api: Any, name: str) -> bool:
     except ImageNotFound:
         return False
     return True
+
+
+def ensure_image(api: Any, tag: str, *build_args: str, timeout: float = 3600) -> str:
+    """`tag`, built by `hypha-accelerate build BUILD_ARGS` when the engine lacks it."""
+    if not image_exists(api, tag):
+        built = hypha_accelerate("build", *build_args, timeout=timeout)
+        assert built.returncode == 0, built.stdout[-3000:] + built.stderr
+    return tag
+
+
+# What a CUDA image's torch loads without a GPU: its CUDA runtime, cuDNN and NCCL (and
+# DeepSpeed, its headers, none of torch's C++ tests).
+CUDA_PROBE = r"""
+import json, pathlib, torch
+libraries = {"cuda": torch.version.cuda, "available": torch.cuda.is_available(),
+             "cudnn": torch.backends.cudnn.version(),
+             "nccl": ".".join(map(str, torch.cuda.nccl.version()))}
+import deepspeed
+root = pathlib.Path(torch.__file__).parent
+print(json.dumps({"torch": torch.__version__, **libraries, "deepspeed": deepspeed.__version__,
+                  "headers": (root / "include" / "torch" / "extension.h").is_file(),
+                  "tests": (root / "test").exists()}))
+"""
+# cuDNN and NCCL: the versions each torch's metadata pins (cu128: nvidia-cudnn-cu12 9.10.2.21,
+# nvidia-nccl-cu12 2.27.5; cu130: cuDNN 9.20.0, NCCL 2.29.7), the same on amd64 and arm64.
+CUDA_LIBRARIES = {
+    "cu128": {"torch": "2.10.0+cu128", "cuda": "12.8", "cudnn": 91002, "nccl": "2.27.5"},
+    "cu130": {"torch": "2.13.0+cu130", "cuda": "13.0", "cudnn": 92000, "nccl": "2.29.7"},
+}
+
+
+def cuda_probe(tag: str) -> dict[str, Any]:
+    """CUDA_PROBE's findings in image `tag`, run hardened as a non-root uid with no GPU."""
+    result = docker_run(tag, "-c", CUDA_PROBE, options=("--entrypoint", "/opt/venv/bin/python"))
+    assert result.returncode == 0, result.stderr
+    found: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    return found
+
+
+def expected_cuda_probe(variant: str) -> dict[str, Any]:
+    """What cuda_probe finds in a CUDA variant's image on a host without a GPU."""
+    return {
+        **CUDA_LIBRARIES[variant],
+        "available": False,
+        "deepspeed": "0.19.8",
+        "headers": True,  # kept: DeepSpeed JIT-builds its ops against them
+        "tests": False,
+    }
 
 
 def docker_entry(image: str, *launcher_args: str) -> ExecutorEntry:

@@ -9,14 +9,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from image_harness import ROOT, docker_entry, docker_run, run_job
+from image_harness import (
+    cuda_probe,
+    docker_entry,
+    docker_run,
+    ensure_image,
+    expected_cuda_probe,
+    run_job,
+)
 
 from hypha.accelerate_executor.local.coordinator import RunOptions
 from hypha.accelerate_executor.shim.variants import image_tags
@@ -42,19 +47,9 @@ print(json.dumps({
 def arm64_image(docker_api: Any) -> str:
     """This version's arm64 cpu image, built offline once when missing (tests/run.sh builds
     it first under HYPHA_ARM64=1, so normally this only finds it)."""
-    from docker.errors import ImageNotFound
-
-    tag = image_tags("cpu", "arm64")[0]
-    try:
-        docker_api.inspect_image(tag)
-    except ImageNotFound:
-        built = subprocess.run(
-            [sys.executable, "-m", "hypha.accelerate_executor.cli", "build", "cpu",
-             "--arch", "arm64", "--offline"],
-            capture_output=True, text=True, timeout=3600, cwd=ROOT,
-        )  # fmt: skip
-        assert built.returncode == 0, built.stdout[-3000:] + built.stderr
-    return tag
+    return ensure_image(
+        docker_api, image_tags("cpu", "arm64")[0], "cpu", "--arch", "arm64", "--offline"
+    )
 
 
 def test_the_image_is_arm64_with_the_rows_cpu_torch(docker_api: Any, arm64_image: str) -> None:
@@ -101,27 +96,11 @@ def test_two_round_job_in_the_arm64_image(arm64_image: str, work_base: Path) -> 
 def test_the_arm64_cu130_image_loads_cuda_cudnn_and_nccl_without_a_gpu(docker_api: Any) -> None:
     """The Grace Hopper/Blackwell and DGX Spark image (a 2.8 GB wheelhouse; marked cuda_image
     too, so only `-m 'arm64 and cuda_image'` runs it)."""
-    from docker.errors import ImageNotFound
-    from test_image_cuda import LIBRARIES, PROBE
-
-    tag = image_tags("cu130", "arm64")[0]
-    try:
-        docker_api.inspect_image(tag)
-    except ImageNotFound:
-        built = subprocess.run(
-            [sys.executable, "-m", "hypha.accelerate_executor.cli", "build", "cu130",
-             "--arch", "arm64", "--offline"],
-            capture_output=True, text=True, timeout=7200, cwd=ROOT,
-        )  # fmt: skip
-        assert built.returncode == 0, built.stdout[-3000:] + built.stderr
+    tag = ensure_image(
+        docker_api,
+        image_tags("cu130", "arm64")[0],
+        *("cu130", "--arch", "arm64", "--offline"),
+        timeout=7200,
+    )
     assert docker_api.inspect_image(tag)["Architecture"] == "arm64"
-    result = docker_run(tag, "-c", PROBE, options=("--entrypoint", "/opt/venv/bin/python"))
-    assert result.returncode == 0, result.stderr
-    found = json.loads(result.stdout.strip().splitlines()[-1])
-    assert found == {
-        **LIBRARIES["cu130"],
-        "available": False,
-        "deepspeed": "0.19.8",
-        "headers": True,
-        "tests": False,
-    }
+    assert cuda_probe(tag) == expected_cuda_probe("cu130")

@@ -15,7 +15,6 @@ other image. Run it with `pytest -m cuda_image tests/images/test_image_cuda.py` 
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -23,7 +22,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from image_harness import docker_entry, docker_run, hypha_accelerate, image_exists, run_job
+from image_harness import (
+    CUDA_LIBRARIES,
+    cuda_probe,
+    docker_entry,
+    docker_run,
+    ensure_image,
+    expected_cuda_probe,
+    run_job,
+)
 
 from hypha.accelerate_executor.local.coordinator import RunOptions
 from hypha.accelerate_executor.shim.variants import image_tags
@@ -31,38 +38,16 @@ from hypha.accelerate_executor.variants import BY_NAME
 
 pytestmark = [pytest.mark.docker, pytest.mark.cuda_image]
 
-PROBE = r"""
-import json, pathlib, torch
-libraries = {"cuda": torch.version.cuda, "available": torch.cuda.is_available(),
-             "cudnn": torch.backends.cudnn.version(),
-             "nccl": ".".join(map(str, torch.cuda.nccl.version()))}
-import deepspeed
-root = pathlib.Path(torch.__file__).parent
-print(json.dumps({"torch": torch.__version__, **libraries, "deepspeed": deepspeed.__version__,
-                  "headers": (root / "include" / "torch" / "extension.h").is_file(),
-                  "tests": (root / "test").exists()}))
-"""
-
-# cuDNN and NCCL: the versions each torch's metadata pins (cu128: nvidia-cudnn-cu12 9.10.2.21,
-# nvidia-nccl-cu12 2.27.5; cu130: cuDNN 9.20.0, NCCL 2.29.7).
-LIBRARIES = {
-    "cu128": {"torch": "2.10.0+cu128", "cuda": "12.8", "cudnn": 91002, "nccl": "2.27.5"},
-    "cu130": {"torch": "2.13.0+cu130", "cuda": "13.0", "cudnn": 92000, "nccl": "2.29.7"},
-}
 DRIVER_535 = (
     "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\n"
 )
 JOB_ARGS = ("--socket", "/nowhere/bridge.sock", "--work-dir", "/nowhere", "--job", "{}")
 
 
-@pytest.fixture(scope="module", params=sorted(LIBRARIES))
+@pytest.fixture(scope="module", params=sorted(CUDA_LIBRARIES))
 def cuda_image(request: pytest.FixtureRequest, docker_api: Any) -> tuple[str, str]:
     variant: str = request.param
-    tag = image_tags(variant)[0]
-    if not image_exists(docker_api, tag):
-        built = hypha_accelerate("build", variant, "--offline", timeout=3600)
-        assert built.returncode == 0, built.stdout[-3000:] + built.stderr
-    return variant, tag
+    return variant, ensure_image(docker_api, image_tags(variant)[0], variant, "--offline")
 
 
 @pytest.fixture
@@ -86,16 +71,8 @@ def test_cuda_cudnn_and_nccl_load_without_a_gpu_and_deepspeed_imports(
     cuda_image: tuple[str, str],
 ) -> None:
     variant, tag = cuda_image
-    result = docker_run(tag, "-c", PROBE, options=("--entrypoint", "/opt/venv/bin/python"))
-    assert result.returncode == 0, result.stderr
-    found = json.loads(result.stdout.strip().splitlines()[-1])
-    assert found == {
-        **LIBRARIES[variant],
-        "available": False,
-        "deepspeed": "0.19.8",
-        "headers": True,  # kept: DeepSpeed JIT-builds its ops against them
-        "tests": False,
-    }
+    found = cuda_probe(tag)
+    assert found == expected_cuda_probe(variant)
     assert found["cuda"] == BY_NAME[variant].runtime
 
 

@@ -509,7 +509,9 @@ def main(argv: list[str]) -> int:
                 wheelhouse=ensure_wheelhouse(root, args.wheelhouse, variant, requirements)
                 if offline
                 else None,
-                requirements=requirements,
+                # Only a file the user names: the Dockerfile picks VARIANT-ARCH.txt itself, as
+                # for compose, whose builds then share the venv's layer with this one.
+                requirements=args.requirements,
                 torch_version=torch_version,
                 revision=revision,
             )
