@@ -18,6 +18,7 @@ from hypha.accelerate_executor.local.coordinator import Catalog, Coordinator, Ru
 from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
 from hypha.accelerate_executor.local.executor_entries import EXECUTOR_ARGS, ExecutorEntry
 from hypha.accelerate_executor.local.worker import LocalWorker, serve_one_job
+from hypha.accelerate_executor.variants import BY_NAME
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU_IMAGE = f"hypha-accelerate-executor:{__version__}-cpu"
@@ -99,23 +100,19 @@ CUDA_LIBRARIES = {
 }
 
 
-def cuda_probe(tag: str) -> dict[str, Any]:
-    """CUDA_PROBE's findings in image `tag`, run hardened as a non-root uid with no GPU."""
+def check_cuda_libraries(tag: str, variant: str) -> None:
+    """CUDA_PROBE in image `tag` of CUDA variant `variant` (either architecture), run hardened
+    as a non-root uid on a host without a GPU: its libraries load, in the versions pinned."""
     result = docker_run(tag, "-c", CUDA_PROBE, options=("--entrypoint", "/opt/venv/bin/python"))
     assert result.returncode == 0, result.stderr
-    found: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
-    return found
-
-
-def expected_cuda_probe(variant: str) -> dict[str, Any]:
-    """What cuda_probe finds in a CUDA variant's image on a host without a GPU."""
-    return {
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {
         **CUDA_LIBRARIES[variant],
         "available": False,
         "deepspeed": "0.19.8",
         "headers": True,  # kept: DeepSpeed JIT-builds its ops against them
         "tests": False,
     }
+    assert CUDA_LIBRARIES[variant]["cuda"] == BY_NAME[variant].runtime
 
 
 def docker_entry(image: str, *launcher_args: str) -> ExecutorEntry:
