@@ -100,12 +100,13 @@ CUDA_LIBRARIES = {
 }
 
 
-def check_cuda_libraries(tag: str, variant: str, timeout: float = 120) -> None:
+def check_cuda_libraries(
+    tag: str, variant: str, options: Sequence[str] = (), timeout: float = 120
+) -> None:
     """CUDA_PROBE in image `tag` of CUDA variant `variant` (either architecture), run hardened
     as a non-root uid on a host without a GPU: its libraries load, in the versions pinned."""
-    result = docker_run(
-        tag, "-c", CUDA_PROBE, options=("--entrypoint", "/opt/venv/bin/python"), timeout=timeout
-    )
+    entry = ("--entrypoint", "/opt/venv/bin/python")
+    result = docker_run(tag, "-c", CUDA_PROBE, options=(*entry, *options), timeout=timeout)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.strip().splitlines()[-1]) == {
         **CUDA_LIBRARIES[variant],
