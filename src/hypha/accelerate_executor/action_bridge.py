@@ -41,6 +41,8 @@ ACTION_ROUTE = "/action/update"
 RECEIVE_SLACK_S = 30.0
 # The probe's whole budget: a bridge that does not answer it in this long answers nothing.
 PROBE_TIMEOUT_S = 10.0
+# How long an early receive may take to put its request on the bridge's socket (EarlyReceive).
+SENT_WAIT_S = 10.0
 
 
 def probe_generation(socket_path: Path) -> Generation | None:
@@ -86,11 +88,16 @@ class ActionBridgeClient(BridgeClient):
         self._post_json("/resources/send", body, FETCH_TIMEOUT_S)
 
     def receive_one(
-        self, reference: ActionPeersReference, relative_dir: str, deadline: float
+        self,
+        reference: ActionPeersReference,
+        relative_dir: str,
+        deadline: float,
+        sent: threading.Event | None = None,
     ) -> ReceivedFile | None:
         """Waits until `deadline` (seconds since the epoch) for one file from the peers;
         None when none came. A deadline already past is never sent: upstream's bridge takes
-        it for no deadline at all and would wait for ever."""
+        it for no deadline at all and would wait for ever. `sent` is set once the request
+        is on the bridge's socket."""
         if deadline <= time.time():
             return None
         route = "/resources/receive"
@@ -99,7 +106,7 @@ class ActionBridgeClient(BridgeClient):
         )
         timeout = deadline - time.time() + RECEIVE_SLACK_S
         with reaching(self.socket_path, route, timeout):
-            status, data = self._round_trip(route, body, timeout)
+            status, data = self._round_trip(route, body, timeout, sent)
         if status == 204:
             return None
         if status != 200:
@@ -129,6 +136,7 @@ class EarlyReceive:
         self._done = threading.Event()
         self._file: ReceivedFile | None = None
         self._failure: Exception | None = None
+        self._sent = threading.Event()
         self._thread = threading.Thread(
             target=self._receive,
             args=(client, relative_dir, deadline),
@@ -136,10 +144,18 @@ class EarlyReceive:
             daemon=True,
         )
         self._thread.start()
+        # Back only once the request is on the bridge's socket: the caller reports next what
+        # makes the push come, and a thread not yet scheduled (seen on a loaded machine) had
+        # opened nothing when the push came. Bounded: a bridge that never takes the request
+        # fails the receive, or its apply-update, later.
+        deadline_sent = time.monotonic() + SENT_WAIT_S
+        while not self._sent.wait(0.05) and not self._done.is_set():
+            if time.monotonic() > deadline_sent:
+                break
 
     def _receive(self, client: ActionBridgeClient, relative_dir: str, deadline: float) -> None:
         try:
-            self._file = client.receive_one(self.reference, relative_dir, deadline)
+            self._file = client.receive_one(self.reference, relative_dir, deadline, self._sent)
         except Exception as exc:  # raised again where the outcome is taken
             self._failure = exc
         finally:

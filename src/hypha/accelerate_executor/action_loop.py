@@ -155,12 +155,7 @@ class ActionTrainer(Workbench):
     # The loop.
 
     def run(self) -> None:
-        config = self.job.config
-        self.say(
-            f"job {self.job.job_id}: {config.model.task}, {self.parameter_count / 1e6:.2f}M "
-            f"parameters, batch {config.batch_size} over {self.ranks.count} process(es) on "
-            f"{self.accelerator.device}, action protocol"
-        )
+        self.announce("action protocol")
         self.say(self.speculation_note)
         status: Status | None = JOINED
         last_report = time.monotonic()

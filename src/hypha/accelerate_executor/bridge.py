@@ -259,10 +259,13 @@ class BridgeClient:
             raise_for(route, status, data)
         return json.loads(data) if data.strip() else None
 
-    def _round_trip(self, route: str, body: bytes, timeout: float) -> tuple[int, bytes]:
+    def _round_trip(
+        self, route: str, body: bytes, timeout: float, sent: threading.Event | None = None
+    ) -> tuple[int, bytes]:
         """One request on a kept-alive connection: a `status` goes out after every batch,
         and a new connection each time costs the bridge more than answering it. Hand-written
-        on http.client: the executor image has no urllib3 (nor requests, nor httpx)."""
+        on http.client: the executor image has no urllib3 (nor requests, nor httpx). `sent`
+        is set once the request is on the socket, before its answer is awaited."""
         connection, reused = self._acquire(timeout)
         headers = {"Content-Type": "application/json"}
         try:
@@ -278,6 +281,8 @@ class BridgeClient:
                 connection.close()
                 connection = _UnixHTTPConnection(self.socket_path, timeout)
                 connection.request("POST", route, body=body, headers=headers)
+            if sent is not None:
+                sent.set()
             response = connection.getresponse()
             data = response.read()
         except BaseException:

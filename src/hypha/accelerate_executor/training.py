@@ -135,18 +135,7 @@ class Trainer(Workbench):
         self.carried = None
 
     def run(self) -> None:
-        config = self.job.config
-        self.say(
-            f"job {self.job.job_id}: {config.model.task}, {self.parameter_count / 1e6:.2f}M parameters, "
-            f"batch {config.batch_size} over {self.ranks.count} process(es) on {self.accelerator.device}, "
-            f"distributed type {self.accelerator.distributed_type.value}, "
-            f"mixed precision {self.accelerator.mixed_precision}"
-        )
-        if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" and (
-            self.accelerator.distributed_type.value != "FSDP"
-        ):
-            # accelerate applies FSDP only on GPUs and says nothing when it does not.
-            self.say("warning: the accelerate config asks for FSDP, which needs GPUs: not sharded")
+        self.announce()
         finished = False
         try:
             for round_number in range(1, sys.maxsize):

@@ -9,6 +9,7 @@ Torch-free at import: the executor refuses a bad job before torch is loaded.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -141,6 +142,23 @@ class Workbench:
         if self.accelerator.device.type != "cuda":  # ROCm's GPUs are "cuda" devices too
             return None
         return int(torch.cuda.max_memory_allocated(self.accelerator.device))
+
+    def announce(self, protocol: str = "") -> None:
+        """The job's first line, alike in both generations: what trains, on what, sharded how;
+        `protocol` ends it where the generation is not alpha.17."""
+        config = self.job.config
+        self.say(
+            f"job {self.job.job_id}: {config.model.task}, {self.parameter_count / 1e6:.2f}M "
+            f"parameters, batch {config.batch_size} over {self.ranks.count} process(es) on "
+            f"{self.accelerator.device}, distributed type {self.accelerator.distributed_type.value}"
+            f", mixed precision {self.accelerator.mixed_precision}"
+            + (f", {protocol}" if protocol else "")
+        )
+        if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" and (
+            self.accelerator.distributed_type.value != "FSDP"
+        ):
+            # accelerate applies FSDP only on GPUs and says nothing when it does not.
+            self.say("warning: the accelerate config asks for FSDP, which needs GPUs: not sharded")
 
     def say(self, message: str, attributes: Mapping[str, float] | None = None) -> None:
         if self.ranks.is_main:
