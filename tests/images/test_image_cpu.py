@@ -13,7 +13,7 @@ import pytest
 from image_harness import ARBITRARY_USER, ROOT, docker_run
 
 from hypha.accelerate_executor import __version__
-from hypha.accelerate_executor.variants import BY_NAME
+from hypha.accelerate_executor.platform.variants import BY_NAME
 
 pytestmark = pytest.mark.docker
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hypha.accelerate_executor import launcher
+from hypha.accelerate_executor.platform import launcher
 
 CONFIGS = Path(__file__).resolve().parents[2] / "accelerate-configs"
 
@@ -24,7 +24,7 @@ def launch(*args: str, variant: str | None = "cpu") -> subprocess.CompletedProce
     if variant:
         env["HYPHA_VARIANT"] = variant
     return subprocess.run(
-        [sys.executable, "-m", "hypha.accelerate_executor.launcher", *args],
+        [sys.executable, "-m", "hypha.accelerate_executor.platform.launcher", *args],
         capture_output=True,
         text=True,
         env=env,
@@ -148,7 +148,7 @@ def test_version_and_help_need_no_socket() -> None:
 def test_the_launcher_does_not_import_torch() -> None:
     probe = (
         "import sys\n"
-        "from hypha.accelerate_executor import launcher\n"
+        "from hypha.accelerate_executor.platform import launcher\n"
         "launcher.main(['--print-config'])\n"
         "sys.exit(1 if 'torch' in sys.modules else 0)\n"
     )
@@ -256,7 +256,7 @@ def supervise(tmp_path: Path, mode: str) -> tuple[int, Path]:
     marker = tmp_path / "job"
     supervisor = (
         "import sys\n"
-        "from hypha.accelerate_executor.launcher import run_ranks\n"
+        "from hypha.accelerate_executor.platform.launcher import run_ranks\n"
         f"sys.exit(run_ranks([sys.executable, '-c', {JOB!r}, {str(marker)!r}, {mode!r}], {{}}))\n"
     )
     process = subprocess.Popen([sys.executable, "-c", supervisor])
@@ -292,7 +292,7 @@ def test_sigterm_reaches_the_whole_job_and_ends_it(tmp_path: Path, mode: str) ->
 def test_the_childs_exit_code_passes_through(tmp_path: Path) -> None:
     supervisor = (
         "import sys\n"
-        "from hypha.accelerate_executor.launcher import run_ranks\n"
+        "from hypha.accelerate_executor.platform.launcher import run_ranks\n"
         "sys.exit(run_ranks([sys.executable, '-c', 'raise SystemExit(7)'], {}))\n"
     )
     assert subprocess.run([sys.executable, "-c", supervisor]).returncode == 7

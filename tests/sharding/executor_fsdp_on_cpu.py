@@ -29,6 +29,6 @@ def _fsdp_on_cpu(self: Accelerator, *args: Any, **kwargs: Any) -> None:
 Accelerator.__init__ = _fsdp_on_cpu  # type: ignore[method-assign]
 
 from hypha.accelerate_executor.entry import exit_without_teardown  # noqa: E402
-from hypha.accelerate_executor.training import main  # noqa: E402
+from hypha.accelerate_executor.training.alpha17_loop import main  # noqa: E402
 
 exit_without_teardown(main())  # as `python -m hypha.accelerate_executor.training` leaves

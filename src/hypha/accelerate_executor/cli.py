@@ -19,30 +19,30 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "run one job's executor container (the worker starts this)",
     ),
     "worker-config": (
-        "hypha.accelerate_executor.shim.worker_config",
+        "hypha.accelerate_executor.tools.worker_config",
         "print worker TOML [[executors]] entries",
     ),
     "doctor": (
-        "hypha.accelerate_executor.shim.doctor",
+        "hypha.accelerate_executor.tools.doctor",
         "check Docker, images, GPU runtime and work dir permissions",
     ),
     "selftest": (
-        "hypha.accelerate_executor.selftest.command",
+        "hypha.accelerate_executor.tools.selftest.command",
         "train a small job on this host's GPUs (or CPU): speed, MFU, memory, a verdict",
     ),
     "build": (
-        "hypha.accelerate_executor.shim.build",
+        "hypha.accelerate_executor.tools.build",
         "build the executor image of one variant or all",
     ),
     "publish": (
-        "hypha.accelerate_executor.shim.publish",
+        "hypha.accelerate_executor.tools.publish",
         "push built variants to a registry as multi-architecture tags",
     ),
     "local": (
-        "hypha.accelerate_executor.local.cli",
+        "hypha.standin.cli",
         "local stand-in for the Hypha side: demo, coordinator, worker",
     ),
-    "schema": ("hypha.accelerate_executor.job", "print the job spec's JSON Schema"),
+    "schema": ("hypha.accelerate_executor.spec.job", "print the job spec's JSON Schema"),
 }
 
 
