@@ -1,7 +1,7 @@
 """What a Job Bridge reaches beyond itself: the contract between a bridge and its backend.
 
 The local cluster has two backends: one over the coordinator's TCP API
-(coordinator_client.JobBackend) and one by direct calls when the coordinator runs in the
+(coordinator/client.py: JobBackend) and one by direct calls when the coordinator runs in the
 same process (coordinator.InProcessBackend).
 """
 

@@ -1,4 +1,4 @@
-"""The workers' side of the coordinator's small TCP API (routes: coordinator_http.py).
+"""The workers' side of the coordinator's small TCP API (routes: http_api.py).
 
 Torch-free: a compose worker that only runs the shim imports this, not the coordinator.
 """

@@ -1,10 +1,10 @@
 """The Hypha side of a local cluster, in one process for N workers: what the coordinator does.
 
 It assigns jobs and ties the parts together under one lock: the scheduler
-(scheduler.py), the model store and data service (data_service.py), the parameter server
-(aggregation.py, parameter_server.py), and the records of the run (records.py). Workers'
-bridges reach it over TCP (coordinator.py serves its HTTP face, coordinator_http.py, which
-coordinator_client.py calls), or by direct calls when they run in this process
+(scheduler/), the model store and data service (data_service/service.py), the parameter
+server (parameter_server/), and the records of the run (records.py). Workers' bridges reach
+it over TCP (server.py serves its HTTP face, http_api.py, which client.py calls), or by
+direct calls when they run in this process
 (InProcessBackend).
 """
 
@@ -392,7 +392,7 @@ class CoordinatorCore:
 
 @contextmanager
 def _as_backend_error() -> Iterator[None]:
-    """The coordinator's refusals as the bridge sees them over TCP (coordinator_client.py)."""
+    """The coordinator's refusals as the bridge sees them over TCP (client.py)."""
     try:
         yield
     except CoordinatorRefusal as exc:

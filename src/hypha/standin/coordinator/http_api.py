@@ -1,5 +1,5 @@
 """The coordinator's HTTP face: a small HTTP/1.1 API on TCP (connections kept alive) that
-the workers' bridges call (coordinator_client.py). Thin: every route is a Coordinator call.
+the workers' bridges call (client.py). Thin: every route is a Coordinator call.
 
     GET  /health                              {"ok": true}
     POST /jobs               {"worker": NAME}  the job spec for that worker

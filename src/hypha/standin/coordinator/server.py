@@ -1,5 +1,5 @@
 """The local cluster's coordinator as a process runs it: what it does
-(coordinator_core.CoordinatorCore) served over TCP by its HTTP face (coordinator_http.py)."""
+(core.CoordinatorCore) served over TCP by its HTTP face (http_api.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The parameter server's side of a round, around its math (parameter_server.py): wait for
+"""The parameter server's side of a round, around its math (server.py): wait for
 one pseudo-gradient from every running worker, average them in the background, and queue
 the update for every worker's bridge to pick up as a push."""
 
