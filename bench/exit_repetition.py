@@ -148,7 +148,7 @@ def run_once(path: str, assets: Path | None, timeout_s: float) -> RunResult:
 
 def executor_entry(path: str, folder: Path) -> tuple[ExecutorEntry, tuple[int, int] | None]:
     """The worker's executor entry for `path`, and the work dir's owner it needs."""
-    from hypha.accelerate_executor.platform.launcher import free_port
+    from hypha.accelerate_executor.platform.launcher.plan import free_port
 
     def launcher(config: str) -> ExecutorEntry:
         return ExecutorEntry(
@@ -186,7 +186,7 @@ def executor_entry(path: str, folder: Path) -> tuple[ExecutorEntry, tuple[int, i
 
 def race(how: str) -> int:
     """The child of the race paths: bench/exit_race.py over 2 ranks; prints torchrun's exit code."""
-    from hypha.accelerate_executor.platform.launcher import free_port
+    from hypha.accelerate_executor.platform.launcher.plan import free_port
 
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                "--master_port", str(free_port()), str(RACE_SCRIPT), how]  # fmt: skip

@@ -1,5 +1,5 @@
 """The image's entrypoint. A worker's `docker run IMAGE --socket ... --work-dir ...` reaches
-the launcher (platform/launcher.py); `docker run IMAGE selftest [...]` runs the selftest instead
+the launcher (platform/launcher/); `docker run IMAGE selftest [...]` runs the selftest instead
 (tools/selftest/command.py), which proves the host the image runs on."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ def main(argv: list[str] | None = None) -> int:
         from hypha.accelerate_executor.tools.selftest.command import main as selftest
 
         return selftest(arguments[1:])
-    from hypha.accelerate_executor.platform.launcher import main as launch
+    from hypha.accelerate_executor.platform.launcher.command import main as launch
 
     return launch(arguments)
 

@@ -137,7 +137,7 @@ def accelerate_config(
     """The config the launcher gets, and its name: `auto` is one process per GPU (or one on
     the CPU); a bundled name or a path is read as the launcher reads it. Either way its mixed
     precision and process count are this command's."""
-    from hypha.accelerate_executor.platform.launcher import configs_dir, read_config
+    from hypha.accelerate_executor.platform.launcher.configs import configs_dir, read_config
 
     if requested == "auto":
         on_gpus = host.backend in ("cuda", "rocm")

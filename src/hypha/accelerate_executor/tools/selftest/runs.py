@@ -323,7 +323,7 @@ def allreduce_bus_bandwidth(
     """Bus bandwidth (bytes/s) of an all-reduce of `size_bytes` over `world` processes, one
     per device (NCCL on GPUs, gloo on the CPU), as nccl-tests counts it: the bytes each
     device sends and receives, algorithm bandwidth x 2(n-1)/n."""
-    from hypha.accelerate_executor.platform.launcher import free_port
+    from hypha.accelerate_executor.platform.launcher.plan import free_port
 
     context = multiprocessing.get_context("spawn")
     results = context.SimpleQueue()
