@@ -20,7 +20,6 @@ import math
 import os
 import signal
 import sys
-import time
 import traceback
 import warnings
 from dataclasses import dataclass, field
@@ -51,6 +50,7 @@ from hypha.accelerate_executor.spec.job import (
     job_bytes,
     parse_any_job_bytes,
 )
+from hypha.accelerate_executor.training.clocks import Laps
 from hypha.accelerate_executor.training.speculative import SPECULATIVE_STEP_ENV
 from hypha.accelerate_executor.training.workbench import Workbench, say
 
@@ -181,20 +181,15 @@ class Trainer(Workbench):
         stats = RoundStats()
         decision = TRAIN_ON
         loss_sum = torch.zeros((), device=self.accelerator.device)
-        clock = time.perf_counter
-        data = step = statuses = 0.0
-        started, cpu = clock(), time.process_time()
+        laps = Laps("step", "data", "statuses")
         while True:
-            ready = clock()
             batch = self.carried if self.carried is not None else self.next_batch()
             self.carried = None
-            taken = clock()
+            laps.lap("data")
             outcome = self.ranks.share(
                 scheduler_decision(self.reporter.answers(), decision) if self.reporter else decision
             )
-            decided = clock()
-            data += taken - ready
-            statuses += decided - taken
+            laps.lap("statuses")
             if isinstance(outcome, Done):
                 return outcome
             decision = outcome
@@ -204,26 +199,20 @@ class Trainer(Workbench):
             loss_sum += self.step(batch)
             self.lr_schedule.step()
             self.batches_trained += 1
-            stepped = clock()
+            laps.lap("step")
             if self.reporter is not None:
                 self.reporter.batch_done(self.batches_trained, config.batch_size)
             stats.batches += 1
             if "input_ids" in batch:
                 stats.tokens += batch["input_ids"].shape[-1] * config.batch_size
-            step += stepped - decided
-            statuses += clock() - stepped
-        stats.seconds = clock() - started
+            laps.lap("statuses")
+        stats.seconds = laps.seconds
         stats.samples = stats.batches * config.batch_size
         stats.overshoot = self.batches_trained - (decision.last_batch or 0)
         if self.ranks.count > 1:  # once a round: each rank holds its share of every mean
             loss_sum = self.accelerator.reduce(loss_sum, reduction="sum")
         stats.loss = float(loss_sum.item()) / max(stats.batches, 1)
-        stats.parts = {
-            "step": step,
-            "data": data,
-            "statuses": statuses,
-            "cpu": time.process_time() - cpu,
-        }
+        stats.parts = {**laps.parts, "cpu": laps.cpu_seconds}
         return stats
 
     def report_round(self, round_number: int, stats: RoundStats) -> Done | None:
@@ -231,10 +220,10 @@ class Trainer(Workbench):
         sends the round's metrics. Done if the scheduler ended the job meanwhile."""
         if self.reporter is None or self.bridge is None:
             return None
-        waited = time.perf_counter()
+        flush = Laps()
         if isinstance(done := scheduler_decision(self.reporter.flush(), TRAIN_ON), Done):
             return done
-        stats.parts["statuses"] += time.perf_counter() - waited
+        stats.parts["statuses"] += flush.seconds
         metrics = {
             "samples_per_second": stats.samples / stats.seconds,
             "learning_rate": float(self.lr_schedule.get_last_lr()[0]),

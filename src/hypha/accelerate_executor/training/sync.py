@@ -8,7 +8,6 @@ reports `update-received`. The other ranks only take part in the gather and the 
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -23,6 +22,7 @@ from hypha.accelerate_executor.bridge.client import (
 )
 from hypha.accelerate_executor.bridge.progress import UpdateInbox
 from hypha.accelerate_executor.spec.job import PeersReference
+from hypha.accelerate_executor.training.clocks import Laps
 from hypha.accelerate_executor.training.diloco import GlobalWeights
 from hypha.accelerate_executor.training.distributed import ModelWeights
 
@@ -63,7 +63,7 @@ class Synchroniser:
         self.inbox = UpdateInbox(bridge, results) if bridge is not None else None
 
     def run(self, round_number: int) -> SyncRound:
-        clock = _Stopwatch()
+        laps = Laps()
         local = self.weights.gather()  # a collective: every rank takes part
         if self.bridge is None or self.inbox is None:
             self.weights.load({})
@@ -74,32 +74,21 @@ class Synchroniser:
             local, self.bridge.work_dir / relative, self.dtype
         )
         del local
-        clock.lap("write")
+        laps.lap("write")
         self.bridge.send(self.updates, relative)  # never touched again
         expect(self.bridge.status("update"), Ok, sent="update")
-        clock.lap("send")
+        laps.lap("send")
         received = self.inbox.next_update()
-        clock.lap("wait")
+        laps.lap("wait")
         self.global_weights.merge_update(received.path)
-        clock.lap("merge")
+        laps.lap("merge")
         self.weights.load(self.global_weights.tensors)
-        clock.lap("load")
+        laps.lap("load")
         answer = self.bridge.status("update-received")
         expect(answer, Continue, Done, sent="update-received")
         # The parameter server had the previous round's file before it sent that round's
         # update; deleting a model-sized file takes a while, so not on the sync's path.
         previous = self.bridge.work_dir / f"pseudo-gradients/round-{round_number - 1}.safetensors"
         threading.Thread(target=previous.unlink, kwargs={"missing_ok": True}, daemon=True).start()
-        clock.lap("report")
-        return SyncRound(answer, size, clock.seconds)
-
-
-class _Stopwatch:
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-        self._last = time.perf_counter()
-
-    def lap(self, part: str) -> None:
-        now = time.perf_counter()
-        self.seconds[part] = now - self._last
-        self._last = now
+        laps.lap("report")
+        return SyncRound(answer, size, laps.parts)
