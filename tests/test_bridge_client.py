@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from hypha.accelerate_executor import bridge
-from hypha.accelerate_executor.bridge import BridgeClient, Continue
+from hypha.accelerate_executor.bridge import client as bridge
+from hypha.accelerate_executor.bridge.client import BridgeClient, Continue
 from hypha.accelerate_executor.errors import BridgeError, BridgeGoneError, UnsafePathError
-from hypha.accelerate_executor.job import PeersReference, SchedulerReference
+from hypha.accelerate_executor.spec.job import PeersReference, SchedulerReference
 from unix_http import QuietHandler, serving
 
 PS_PEER = "12D3KooWJ6MBkbH3o7j2yhhDAF7gRxA4Zm5cpuEUr2Znp1VvNBw3"

@@ -24,8 +24,8 @@ import pytest
 import torch
 from safetensors.torch import load
 
-from hypha.accelerate_executor.actions import system_time
-from hypha.accelerate_executor.local.action_scheduler import peers
+from hypha.accelerate_executor.bridge.actions import system_time
+from hypha.standin.scheduler.action_scheduler import peers
 from test_action_protocol import action_bridge, assets_dir, push_once_receiving, zero_update
 
 REPO = Path(__file__).resolve().parents[1]
@@ -134,7 +134,7 @@ def test_two_ranks_stay_in_step_through_dropped_and_used_gradients(
     work = short_tmp / "work"
     with action_bridge(assets_dir, work, answering(INTERLEAVED)) as (job_json, bridge, backend):
         push_once_receiving(bridge, backend, zero_update(assets_dir))
-        launcher = [sys.executable, "-m", "hypha.accelerate_executor.launcher"]
+        launcher = [sys.executable, "-m", "hypha.accelerate_executor.platform.launcher"]
         done = subprocess.run(
             [*launcher, "--accelerate-config", "multi-cpu", "--num-processes", "2",
              "--socket", str(bridge.socket_path), "--work-dir", str(work)],
@@ -248,9 +248,9 @@ def test_a_dropped_gradient_leaves_weights_statistics_and_draws_as_they_were() -
     ahead and dropping twice, then using, ends where plain steps end, bit for bit."""
     from accelerate import Accelerator
 
-    from hypha.accelerate_executor.distributed import Ranks
-    from hypha.accelerate_executor.speculative import SpeculativeStep
-    from hypha.accelerate_executor.steps import MicroBatchedStep
+    from hypha.accelerate_executor.training.distributed import Ranks
+    from hypha.accelerate_executor.training.speculative import SpeculativeStep
+    from hypha.accelerate_executor.training.steps import MicroBatchedStep
 
     generator = torch.Generator().manual_seed(1)
     batches = [
@@ -288,7 +288,7 @@ def test_a_dropped_gradient_leaves_weights_statistics_and_draws_as_they_were() -
 
 
 def test_the_setting_is_on_or_off() -> None:
-    from hypha.accelerate_executor.training import speculative_step
+    from hypha.accelerate_executor.training.alpha17_loop import speculative_step
 
     assert all(speculative_step(value) for value in ("on", "ON", "1", "true", "yes", ""))
     assert not any(speculative_step(value) for value in ("off", "0", "false", "no"))
