@@ -223,8 +223,8 @@ def test_an_early_receive_is_on_the_bridges_socket_before_it_returns(tmp_path: P
     loaded machine). The bridge here accepts but never answers; checked without waiting."""
     import socket
 
-    from hypha.accelerate_executor.action_bridge import ActionBridgeClient, EarlyReceive
-    from hypha.accelerate_executor.job import ActionPeersReference
+    from hypha.accelerate_executor.bridge.action_client import ActionBridgeClient, EarlyReceive
+    from hypha.accelerate_executor.spec.job import ActionPeersReference
 
     path = tmp_path / "bridge.sock"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
