@@ -38,10 +38,10 @@ if __name__ == "__main__" and not __package__:
 
 from bench.errors import BenchError
 from bench.models import DEMO, MICRO, Shape
-from hypha.accelerate_executor.local.assets import ensure_assets
-from hypha.accelerate_executor.local.bridge_server import BridgeServer
-from hypha.accelerate_executor.local.coordinator import Catalog, Coordinator, RunOptions
-from hypha.accelerate_executor.local.coordinator_core import InProcessBackend
+from hypha.standin.coordinator.core import InProcessBackend
+from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+from hypha.standin.data_service.assets import ensure_assets
+from hypha.standin.worker.bridge_server import BridgeServer
 
 EXECUTOR = [sys.executable, "-m", "hypha.accelerate_executor.training"]
 MODES = ("on", "off")  # --speculative-step

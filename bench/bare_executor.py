@@ -34,11 +34,11 @@ if __name__ == "__main__" and not __package__:
 import torch
 from safetensors.torch import load_file, save_file
 
-from hypha.accelerate_executor.bridge import BridgeClient, Continue, Done, ScheduleUpdate
-from hypha.accelerate_executor.job import parse_job
-from hypha.accelerate_executor.modeling import load_model
-from hypha.accelerate_executor.optimization import adamw_arguments, build_lr_schedule
-from hypha.accelerate_executor.training import TRUTHY
+from hypha.accelerate_executor.bridge.client import BridgeClient, Continue, Done, ScheduleUpdate
+from hypha.accelerate_executor.spec.job import parse_job
+from hypha.accelerate_executor.training.alpha17_loop import TRUTHY
+from hypha.accelerate_executor.training.modeling import load_model
+from hypha.accelerate_executor.training.optimization import adamw_arguments, build_lr_schedule
 
 STATUS_SENDERS = 8
 

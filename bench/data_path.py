@@ -25,7 +25,7 @@ from torch.utils.data import Dataset, default_collate
 
 from bench.errors import BenchError
 from bench.timing import interleaved_medians
-from hypha.accelerate_executor.data import Batch, Share, load_slice, worker_batches
+from hypha.accelerate_executor.training.data import Batch, Share, load_slice, worker_batches
 
 NAMES = ["input_ids", "labels"]
 

@@ -42,7 +42,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from hypha.accelerate_executor.local.executor_entries import EXECUTOR_ARGS, ExecutorEntry, preset
+from hypha.standin.worker.executor_entries import EXECUTOR_ARGS, ExecutorEntry, preset
 
 REPO = Path(__file__).resolve().parents[1]
 PATHS = ("native", "image", "fsdp2", "zero2")
@@ -148,12 +148,12 @@ def run_once(path: str, assets: Path | None, timeout_s: float) -> RunResult:
 
 def executor_entry(path: str, folder: Path) -> tuple[ExecutorEntry, tuple[int, int] | None]:
     """The worker's executor entry for `path`, and the work dir's owner it needs."""
-    from hypha.accelerate_executor.launcher import free_port
+    from hypha.accelerate_executor.platform.launcher.plan import free_port
 
     def launcher(config: str) -> ExecutorEntry:
         return ExecutorEntry(
             sys.executable,
-            ("-m", "hypha.accelerate_executor.launcher", "--accelerate-config", config,
+            ("-m", "hypha.accelerate_executor.platform.launcher", "--accelerate-config", config,
              "--num-processes", "2", *EXECUTOR_ARGS),
         )  # fmt: skip
 
@@ -186,7 +186,7 @@ def executor_entry(path: str, folder: Path) -> tuple[ExecutorEntry, tuple[int, i
 
 def race(how: str) -> int:
     """The child of the race paths: bench/exit_race.py over 2 ranks; prints torchrun's exit code."""
-    from hypha.accelerate_executor.launcher import free_port
+    from hypha.accelerate_executor.platform.launcher.plan import free_port
 
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                "--master_port", str(free_port()), str(RACE_SCRIPT), how]  # fmt: skip
@@ -199,10 +199,10 @@ def one_job(path: str, assets: Path | None) -> int:
     """The child: one job of the local stand-in as worker w1; prints the executor's exit code."""
     if path in RACE_PATHS:
         return race(RACE_PATHS[path])
-    from hypha.accelerate_executor.local.assets import ensure_assets
-    from hypha.accelerate_executor.local.coordinator import Catalog, Coordinator, RunOptions
-    from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
-    from hypha.accelerate_executor.local.worker import LocalWorker, serve_one_job
+    from hypha.standin.coordinator.client import CoordinatorClient
+    from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+    from hypha.standin.data_service.assets import ensure_assets
+    from hypha.standin.worker.worker import LocalWorker, serve_one_job
 
     options = RunOptions(
         workers=1, rounds=ROUNDS, steps_per_round=STEPS_PER_ROUND, generation="alpha17"
@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
 
     out: Path = arguments.out
     out.mkdir(parents=True, exist_ok=True)
-    from hypha.accelerate_executor.local.assets import ensure_assets
+    from hypha.standin.data_service.assets import ensure_assets
 
     ensure_assets(arguments.assets)  # once, before the first run's clock starts
     tallies = measure(arguments.paths, arguments.runs, out, arguments.timeout, arguments.assets)

@@ -35,11 +35,11 @@ if __name__ == "__main__" and not __package__:
 
 from bench.errors import BenchError
 from hypha.accelerate_executor import __version__
-from hypha.accelerate_executor.local.assets import ensure_assets
-from hypha.accelerate_executor.local.coordinator import Catalog, Coordinator, RunOptions
-from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
-from hypha.accelerate_executor.local.executor_entries import EXECUTOR_ARGS, ExecutorEntry, preset
-from hypha.accelerate_executor.local.worker import LocalWorker, serve_one_job
+from hypha.standin.coordinator.client import CoordinatorClient
+from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+from hypha.standin.data_service.assets import ensure_assets
+from hypha.standin.worker.executor_entries import EXECUTOR_ARGS, ExecutorEntry, preset
+from hypha.standin.worker.worker import LocalWorker, serve_one_job
 
 THROUGHPUT_TARGET = 0.98
 STARTUP_TARGET_S = 1.5

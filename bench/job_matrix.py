@@ -27,12 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hypha.accelerate_executor.local.assets import ensure_assets
-from hypha.accelerate_executor.local.coordinator import Catalog, Coordinator, RunOptions
-from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
-from hypha.accelerate_executor.local.executor_entries import EXECUTOR_ARGS, ExecutorEntry, preset
-from hypha.accelerate_executor.local.report import round_losses
-from hypha.accelerate_executor.local.worker import LocalWorker, serve_one_job
+from hypha.standin.coordinator.client import CoordinatorClient
+from hypha.standin.coordinator.report import round_losses
+from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+from hypha.standin.data_service.assets import ensure_assets
+from hypha.standin.worker.executor_entries import EXECUTOR_ARGS, ExecutorEntry, preset
+from hypha.standin.worker.worker import LocalWorker, serve_one_job
 
 REPO = Path(__file__).resolve().parents[1]
 STAND_IN_JOBS = {"lenet": "lenet", "causal-lm": "causal-lm", "masked-lm": "bert-mlm"}
@@ -49,7 +49,9 @@ def executor(ranks: str, trust_remote_code: bool) -> ExecutorEntry:
         )
     args = ("--accelerate-config", "multi-cpu", "--num-processes", "2", *EXECUTOR_ARGS)
     env = (("HYPHA_TRUST_REMOTE_CODE", "1"),) if trust_remote_code else ()
-    return ExecutorEntry(sys.executable, ("-m", "hypha.accelerate_executor.launcher", *args), env)
+    return ExecutorEntry(
+        sys.executable, ("-m", "hypha.accelerate_executor.platform.launcher", *args), env
+    )
 
 
 class TaskClient(CoordinatorClient):

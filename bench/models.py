@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from hypha.accelerate_executor.local.assets import AssetSpec, build_model
+from hypha.standin.data_service.assets import AssetSpec, build_model
 
 if TYPE_CHECKING:
     import torch

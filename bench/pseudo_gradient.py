@@ -24,11 +24,11 @@ from accelerate import Accelerator
 
 from bench.errors import BenchError
 from bench.models import DEMO
-from hypha.accelerate_executor.diloco import GlobalWeights
-from hypha.accelerate_executor.distributed import ModelWeights, canonical_names
-from hypha.accelerate_executor.local.coordinator import RunOptions
-from hypha.accelerate_executor.local.demo import run_demo
-from hypha.accelerate_executor.local.executor_entries import ExecutorEntry, preset
+from hypha.accelerate_executor.training.diloco import GlobalWeights
+from hypha.accelerate_executor.training.distributed import ModelWeights, canonical_names
+from hypha.standin.coordinator.server import RunOptions
+from hypha.standin.demo import run_demo
+from hypha.standin.worker.executor_entries import ExecutorEntry, preset
 
 DTYPES = ("float32", "bfloat16")
 ROUND_LINE = re.compile(r"round \d+: loss .*\(([\d.]+) MB out\)")

@@ -45,16 +45,16 @@ from typing import Any, ClassVar
 
 from bench.errors import BenchError
 from bench.status_delay import serve_delayed
-from hypha.accelerate_executor.local.assets import (
+from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+from hypha.standin.data_service.assets import (
     AssetKind,
     AssetSpec,
     build_model,
     cache_key,
     ensure_assets,
 )
-from hypha.accelerate_executor.local.coordinator import Catalog, Coordinator, RunOptions
-from hypha.accelerate_executor.local.demo import supervise
-from hypha.accelerate_executor.local.worker import ExecutorEntry, LocalWorker
+from hypha.standin.demo import supervise
+from hypha.standin.worker.worker import ExecutorEntry, LocalWorker
 
 DELAYS_MS = (0, 50)
 BASELINE = "bare"
@@ -248,7 +248,11 @@ def executor_entries(against: dict[str, Path], bare_eval: bool = False) -> dict[
     for name, path in against.items():
         if path.is_dir():
             source = path / "src"
-            if not (source / "hypha" / "accelerate_executor" / "training.py").is_file():
+            package = source / "hypha" / "accelerate_executor"
+            # Either layout: training.py before the folders, training/ after (issue 29).
+            if not any(
+                (package / name).is_file() for name in ("training.py", "training/__main__.py")
+            ):
                 raise BenchError(f"--against {name}: {source} holds no hypha.accelerate_executor")
             entries[name] = ExecutorEntry(sys.executable, module, (("PYTHONPATH", str(source)),))
         elif path.is_file():

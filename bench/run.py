@@ -50,7 +50,7 @@ from bench.models import DEMO, HUGE_100M, LARGE_32M, MEDIUM_10M, MICRO, SMALL_1M
 from bench.timing import machine_cpu_seconds, own_cpu_seconds
 from hypha.accelerate_executor.entry import OneLineArgumentParser
 from hypha.accelerate_executor.errors import UsageError
-from hypha.accelerate_executor.local.coordinator import RunOptions
+from hypha.standin.coordinator.server import RunOptions
 
 BENCHMARKS = ("inner", "data", "sync", "pseudo", "status", "rounds", "overhead")
 # A load average above this at the start is worth a warning before anything runs.

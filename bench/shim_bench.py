@@ -92,7 +92,7 @@ def worker_job() -> Iterator[WorkerJob]:
 
 def docker_run_command(image: str, job: WorkerJob) -> list[str]:
     """What a worker runs from `hypha-accelerate worker-config --mode docker`, substituted."""
-    from hypha.accelerate_executor.shim.spec import (
+    from hypha.accelerate_executor.shim.container_spec import (
         ContainerSpec,
         default_shm_size,
         launcher_args,

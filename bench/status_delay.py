@@ -23,13 +23,13 @@ from typing import Any
 
 from bench.errors import BenchError
 from bench.models import Shape
-from hypha.accelerate_executor.local.assets import ensure_assets
-from hypha.accelerate_executor.local.coordinator import Catalog, Coordinator, RunOptions
-from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
-from hypha.accelerate_executor.local.demo import supervise
-from hypha.accelerate_executor.local.executor_entries import preset
-from hypha.accelerate_executor.local.worker import LocalWorker, serve_one_job
-from hypha.accelerate_executor.selftest.runs import LateAnswers
+from hypha.accelerate_executor.tools.selftest.runs import LateAnswers
+from hypha.standin.coordinator.client import CoordinatorClient
+from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+from hypha.standin.data_service.assets import ensure_assets
+from hypha.standin.demo import supervise
+from hypha.standin.worker.executor_entries import preset
+from hypha.standin.worker.worker import LocalWorker, serve_one_job
 
 DELAYS_MS = (0, 20, 100)
 

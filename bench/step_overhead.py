@@ -37,7 +37,7 @@ from bench.errors import BenchError
 from bench.models import DEMO
 from bench.near_free_code.configuration_near_free import NearFreeConfig
 from bench.near_free_code.modeling_near_free import NearFreeForCausalLM
-from hypha.accelerate_executor.optimization import build_adamw
+from hypha.accelerate_executor.training.optimization import build_adamw
 
 CPU = torch.device("cpu")
 
@@ -100,12 +100,12 @@ def bare_steps(steps: int) -> Callable[[], None]:
 def executor_steps(steps: int, socket_path: Path, work_dir: Path) -> Callable[[], None]:
     from accelerate import Accelerator
 
-    from hypha.accelerate_executor.bridge import BridgeClient
-    from hypha.accelerate_executor.data import Share, worker_batches
-    from hypha.accelerate_executor.distributed import Ranks
-    from hypha.accelerate_executor.progress import StatusReporter
-    from hypha.accelerate_executor.steps import MicroBatchedStep, plain_optimizer
-    from hypha.accelerate_executor.training import TRAIN_ON, scheduler_decision
+    from hypha.accelerate_executor.bridge.client import BridgeClient
+    from hypha.accelerate_executor.bridge.progress import StatusReporter
+    from hypha.accelerate_executor.training.alpha17_loop import TRAIN_ON, scheduler_decision
+    from hypha.accelerate_executor.training.data import Share, worker_batches
+    from hypha.accelerate_executor.training.distributed import Ranks
+    from hypha.accelerate_executor.training.steps import MicroBatchedStep, plain_optimizer
 
     accelerator = Accelerator(cpu=True)
     model = _model()

@@ -35,14 +35,14 @@ from safetensors.torch import save_file
 
 from bench.errors import BenchError
 from bench.models import Shape, parameter_count
-from hypha.accelerate_executor.bridge import BridgeClient, Continue, ScheduleUpdate, expect
-from hypha.accelerate_executor.distributed import ModelWeights, canonical_names
-from hypha.accelerate_executor.job import Job, parse_job
-from hypha.accelerate_executor.local.assets import ensure_assets
-from hypha.accelerate_executor.local.bridge_server import SOCKET_NAME, BridgeServer
-from hypha.accelerate_executor.local.coordinator import Catalog, Coordinator, RunOptions
-from hypha.accelerate_executor.sync import PARTS as SYNC_PARTS
-from hypha.accelerate_executor.sync import Synchroniser
+from hypha.accelerate_executor.bridge.client import BridgeClient, Continue, ScheduleUpdate, expect
+from hypha.accelerate_executor.spec.job import Job, parse_job
+from hypha.accelerate_executor.training.distributed import ModelWeights, canonical_names
+from hypha.accelerate_executor.training.sync import PARTS as SYNC_PARTS
+from hypha.accelerate_executor.training.sync import Synchroniser
+from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+from hypha.standin.data_service.assets import ensure_assets
+from hypha.standin.worker.bridge_server import SOCKET_NAME, BridgeServer
 
 # The executor's parts of a round (sync.PARTS), less the wait for the parameter server.
 PARTS = tuple(part for part in SYNC_PARTS if part != "wait")

@@ -23,13 +23,13 @@ from pathlib import Path
 
 from bench.errors import BenchError
 from bench.status_delay import median_samples_per_s
-from hypha.accelerate_executor.local.assets import ensure_assets
-from hypha.accelerate_executor.local.coordinator import Catalog, Coordinator, RunOptions
-from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
-from hypha.accelerate_executor.local.demo import supervise
-from hypha.accelerate_executor.local.executor_entries import preset
-from hypha.accelerate_executor.local.otlp_receiver import Receiver
-from hypha.accelerate_executor.local.worker import LocalWorker, serve_one_job
+from hypha.standin.coordinator.client import CoordinatorClient
+from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+from hypha.standin.data_service.assets import ensure_assets
+from hypha.standin.demo import supervise
+from hypha.standin.otlp_receiver import Receiver
+from hypha.standin.worker.executor_entries import preset
+from hypha.standin.worker.worker import LocalWorker, serve_one_job
 
 
 def one_run(options: RunOptions, work_base: Path, endpoint: str | None) -> float:

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Prove, offline, that every torch pin under docker/requirements/ names a wheel that exists,
-and that the variants table (src/hypha/accelerate_executor/variants.py) says what the files say.
+and that the variants table (src/hypha/accelerate_executor/platform/variants.py) says what the files say.
 
 A pin exists when docker/torch-releases.toml (PyPI's and PyTorch's release matrix) lists its
 version, its local label (+cpu, +cuNNN, +rocmX.Y) among that release's builds, and the images'
@@ -28,7 +28,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 # The variants table and its requirements reader, from the checkout's source (stdlib only).
 sys.path.insert(0, str(HERE.parent / "src"))
-from hypha.accelerate_executor.variants import (  # noqa: E402
+from hypha.accelerate_executor.platform.variants import (  # noqa: E402
     ARM64_VARIANTS,
     VARIANTS,
     requirement_lines,

@@ -52,7 +52,7 @@ case $variant in
 import sys
 from pathlib import Path
 sys.path.insert(0, str(Path(sys.argv[1]).parents[2] / "src"))
-from hypha.accelerate_executor.variants import requirement_lines
+from hypha.accelerate_executor.platform.variants import requirement_lines
 for name in sys.argv[1:]:
     print("\n".join(requirement_lines(Path(name))))
 PY

@@ -46,4 +46,4 @@ export HYPHA_ACCELERATE_CONFIGS="$here/accelerate-configs"
 export PYTHONUNBUFFERED=1
 # Operators missing on Metal run on the CPU instead of failing the job.
 export PYTORCH_ENABLE_MPS_FALLBACK=1
-exec "$venv/bin/python" -m hypha.accelerate_executor.launcher "$@"
+exec "$venv/bin/python" -m hypha.accelerate_executor.platform.launcher "$@"

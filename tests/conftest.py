@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from hypha.accelerate_executor.shim.variants import image_tags
+from hypha.accelerate_executor.platform.image_tags import image_tags
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -15,7 +15,7 @@ import torch
 import transformers as t
 
 if TYPE_CHECKING:
-    from hypha.accelerate_executor.local.coordinator import Catalog
+    from hypha.standin.coordinator.server import Catalog
 
 SAMPLES = 16
 TOKENS = 12
@@ -122,8 +122,8 @@ class TaskCase:
 
     def write_model(self, folder: Path) -> list[str]:
         """The model (and tokenizer) saved to `folder`; returns the files to fetch."""
-        from hypha.accelerate_executor.modeling import _transformers_class
-        from hypha.accelerate_executor.tasks import trains
+        from hypha.accelerate_executor.spec.tasks import trains
+        from hypha.accelerate_executor.training.modeling import _transformers_class
 
         torch.manual_seed(0)
         auto = _transformers_class(trains(self.task).auto_class, self.task)
@@ -145,7 +145,7 @@ class TaskCase:
     def write_catalog(self, root: Path, slices: int = 4) -> Catalog:
         """The model under root/models and `slices` data slices under root/data, as the
         stand-in's catalog that serves them."""
-        from hypha.accelerate_executor.local.coordinator import Catalog
+        from hypha.standin.coordinator.server import Catalog
 
         repository = "tasks/" + self.task
         folder = root / "models" / repository

@@ -13,11 +13,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from hypha.accelerate_executor.job import Generation
-from hypha.accelerate_executor.local.coordinator import RunOptions
-from hypha.accelerate_executor.local.demo import run_demo
-from hypha.accelerate_executor.local.executor_entries import ExecutorEntry
-from hypha.accelerate_executor.local.otlp_receiver import Receiver
+from hypha.accelerate_executor.spec.job import Generation
+from hypha.standin.coordinator.server import RunOptions
+from hypha.standin.demo import run_demo
+from hypha.standin.otlp_receiver import Receiver
+from hypha.standin.worker.executor_entries import ExecutorEntry
 
 HEADER_SECRET = "otlp-token-5d1e0c2b9a"
 SERVICE = "hypha-worker-under-test"

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from hypha.accelerate_executor.local.assets import ensure_assets
-from hypha.accelerate_executor.local.coordinator import RunOptions
-from hypha.accelerate_executor.local.demo import run_demo
-from hypha.accelerate_executor.local.worker import ExecutorEntry
+from hypha.standin.coordinator.server import RunOptions
+from hypha.standin.data_service.assets import ensure_assets
+from hypha.standin.demo import run_demo
+from hypha.standin.worker.worker import ExecutorEntry
 
 REPO = Path(__file__).resolve().parents[1]
 FSDP_ON_CPU = Path(__file__).parent / "sharding" / "executor_fsdp_on_cpu.py"
@@ -43,7 +43,7 @@ def entry(name: str, folder: Path, port: int) -> ExecutorEntry:
     if name != "fsdp":  # the image's launcher, as a worker starts it
         return ExecutorEntry(
             sys.executable,
-            ("-m", "hypha.accelerate_executor.launcher", "--accelerate-config", config,
+            ("-m", "hypha.accelerate_executor.platform.launcher", "--accelerate-config", config,
              "--num-processes", "2", *BRIDGE_ARGS),
         )  # fmt: skip
     return ExecutorEntry(

@@ -23,24 +23,24 @@ import pytest
 import torch
 from safetensors.torch import load, save
 
-from hypha.accelerate_executor.action_bridge import ActionBridgeClient, probe_generation
-from hypha.accelerate_executor.actions import (
+from hypha.accelerate_executor.bridge.action_client import ActionBridgeClient, probe_generation
+from hypha.accelerate_executor.bridge.actions import (
     ExecuteBatch,
     batch_completed,
     parse_action_response,
     system_time,
 )
-from hypha.accelerate_executor.diloco import GlobalWeights
 from hypha.accelerate_executor.errors import BridgeError
-from hypha.accelerate_executor.job import ActionPeersReference
-from hypha.accelerate_executor.local.action_scheduler import peers
-from hypha.accelerate_executor.local.assets import ensure_assets
-from hypha.accelerate_executor.local.backend import Push
-from hypha.accelerate_executor.local.bridge_server import BridgeServer
-from hypha.accelerate_executor.local.coordinator import Catalog, Coordinator, RunOptions
-from hypha.accelerate_executor.local.coordinator_core import InProcessBackend
-from hypha.accelerate_executor.local.demo import run_demo
-from hypha.accelerate_executor.local.executor_entries import preset
+from hypha.accelerate_executor.spec.job import ActionPeersReference
+from hypha.accelerate_executor.training.diloco import GlobalWeights
+from hypha.standin.backend import Push
+from hypha.standin.coordinator.core import InProcessBackend
+from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+from hypha.standin.data_service.assets import ensure_assets
+from hypha.standin.demo import run_demo
+from hypha.standin.scheduler.action_scheduler import peers
+from hypha.standin.worker.bridge_server import BridgeServer
+from hypha.standin.worker.executor_entries import preset
 
 EXECUTOR = [sys.executable, "-m", "hypha.accelerate_executor.training"]
 PS = "12D3KooWJ6MBkbH3o7j2yhhDAF7gRxA4Zm5cpuEUr2Znp1VvNBw3"

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from hypha.accelerate_executor.local.assets import AssetSpec, build_model, ensure_assets
-from hypha.accelerate_executor.local.coordinator import Catalog, Coordinator, RunOptions
-from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
-from hypha.accelerate_executor.local.executor_entries import preset
-from hypha.accelerate_executor.local.report import judge
-from hypha.accelerate_executor.local.worker import LocalWorker, serve_one_job
+from hypha.standin.coordinator.client import CoordinatorClient
+from hypha.standin.coordinator.report import judge
+from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+from hypha.standin.data_service.assets import AssetSpec, build_model, ensure_assets
+from hypha.standin.worker.executor_entries import preset
+from hypha.standin.worker.worker import LocalWorker, serve_one_job
 
 pytestmark = pytest.mark.slow
 TIED = ("transformer.wte.weight", "lm_head.weight")

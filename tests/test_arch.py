@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from hypha.accelerate_executor import __version__
-from hypha.accelerate_executor.shim.arch import UnknownArchitecture, arch_of_machine, host_arch
-from hypha.accelerate_executor.shim.variants import image_tags
-from hypha.accelerate_executor.variants import BUILDS, CONTAINER_VARIANTS, architectures
+from hypha.accelerate_executor.platform.arch import UnknownArchitecture, arch_of_machine, host_arch
+from hypha.accelerate_executor.platform.image_tags import image_tags
+from hypha.accelerate_executor.platform.variants import BUILDS, CONTAINER_VARIANTS, architectures
 
 
 @pytest.mark.parametrize(

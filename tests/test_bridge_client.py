@@ -14,11 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from hypha.accelerate_executor import bridge
-from hypha.accelerate_executor.bridge import BridgeClient, Continue
+from hypha.accelerate_executor.bridge import client as bridge
+from hypha.accelerate_executor.bridge.client import BridgeClient, Continue
 from hypha.accelerate_executor.errors import BridgeError, BridgeGoneError, UnsafePathError
-from hypha.accelerate_executor.job import PeersReference, SchedulerReference
+from hypha.accelerate_executor.spec.job import PeersReference, SchedulerReference
 from unix_http import QuietHandler, serving
+
+PS_PEER = "12D3KooWJ6MBkbH3o7j2yhhDAF7gRxA4Zm5cpuEUr2Znp1VvNBw3"
 
 Reply = tuple[int, str, bytes]  # status, content type, body
 PEERS = PeersReference.model_validate({"type": "peers", "peers": [], "strategy": {"type": "All"}})
@@ -212,3 +214,33 @@ def test_executor_refuses_a_hostile_bridge_with_one_line(scripted_bridge, tmp_pa
         "hypha.accelerate_executor.training: refused path '../../etc/passwd': not a relative path inside the work dir"
     ]
     assert time.monotonic() - started < 60
+
+
+def test_an_early_receive_is_on_the_bridges_socket_before_it_returns(tmp_path: Path) -> None:
+    """The action loop reports `sent-update` right after opening its early receive, and that
+    report is what makes the parameter server push: the receive's request must be on the
+    bridge's socket by then, not on a thread that has yet to run (a push was lost so on a
+    loaded machine). The bridge here accepts but never answers; checked without waiting."""
+    import socket
+
+    from hypha.accelerate_executor.bridge.action_client import ActionBridgeClient, EarlyReceive
+    from hypha.accelerate_executor.spec.job import ActionPeersReference
+
+    path = tmp_path / "bridge.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(4)
+    source = ActionPeersReference.model_validate(
+        {"type": "peers", "peers": [PS_PEER], "strategy": {"type": "All"}, "resource": None}
+    )
+    client = ActionBridgeClient(path, tmp_path, "job-1")
+    with listener:
+        EarlyReceive(client, source, "incoming", time.time() + 60)
+        listener.setblocking(False)
+        connection, _ = listener.accept()  # raises BlockingIOError when nothing connected yet
+        with connection:
+            connection.setblocking(False)
+            request = connection.recv(65536)
+    head, _, body = request.partition(b"\r\n\r\n")
+    assert head.startswith(b"POST /resources/receive ")
+    assert json.loads(body)["resource"]["peers"] == [PS_PEER]

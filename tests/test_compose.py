@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hypha.accelerate_executor.shim.spec import LABEL_JOB_ID
+from hypha.accelerate_executor.shim.container_spec import LABEL_JOB_ID
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -9,8 +9,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from hypha.accelerate_executor.bridge import BridgeClient
-from hypha.accelerate_executor.data import (
+from hypha.accelerate_executor.bridge.client import BridgeClient
+from hypha.accelerate_executor.errors import DataError, ExecutorError
+from hypha.accelerate_executor.spec.job import SchedulerReference
+from hypha.accelerate_executor.training.data import (
     OWN_SLICES_DIR,
     READ_WHOLE_BYTES,
     Batch,
@@ -20,9 +22,7 @@ from hypha.accelerate_executor.data import (
     load_slice,
     worker_batches,
 )
-from hypha.accelerate_executor.errors import DataError, ExecutorError
-from hypha.accelerate_executor.job import SchedulerReference
-from hypha.accelerate_executor.tensorfile import layout
+from hypha.accelerate_executor.training.tensorfile import layout
 from unix_http import QuietHandler, serving
 
 

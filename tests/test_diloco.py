@@ -11,10 +11,10 @@ from accelerate import Accelerator
 from safetensors.torch import load_file, save_file
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from hypha.accelerate_executor import diloco
-from hypha.accelerate_executor.diloco import GlobalWeights
-from hypha.accelerate_executor.distributed import ModelWeights, canonical_names
 from hypha.accelerate_executor.errors import ExecutorError, UpdateError
+from hypha.accelerate_executor.training import diloco
+from hypha.accelerate_executor.training.diloco import GlobalWeights
+from hypha.accelerate_executor.training.distributed import ModelWeights, canonical_names
 
 
 def tiny_tied_model() -> GPT2LMHeadModel:
@@ -188,7 +188,7 @@ def test_a_batch_norm_model_comes_out_of_a_round_in_the_dtypes_it_went_in(tmp_pa
     """Through the stand-in's parameter server, which does what Hypha's (candle) does: the
     counter's update is zeros in int64, the boolean is left out (candle cannot load it) and
     keeps its global value, floating tensors get their update."""
-    from hypha.accelerate_executor.local.parameter_server import NesterovOuterOptimizer
+    from hypha.standin.parameter_server.server import NesterovOuterOptimizer
 
     model = batch_norm_model()
     dtypes = {name: tensor.dtype for name, tensor in model.state_dict().items()}
@@ -216,7 +216,7 @@ def test_a_batch_norm_model_comes_out_of_a_round_in_the_dtypes_it_went_in(tmp_pa
 
 
 def test_candle_s_integer_arithmetic_truncates_the_outer_step_s_scalars() -> None:
-    from hypha.accelerate_executor.local.parameter_server import NesterovOuterOptimizer
+    from hypha.standin.parameter_server.server import NesterovOuterOptimizer
 
     counters = [{"n": torch.tensor([3], dtype=torch.int64)}]
     one_worker = NesterovOuterOptimizer(learning_rate=2.5, momentum=0.9)

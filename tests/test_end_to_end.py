@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from hypha.accelerate_executor.local.assets import ensure_assets
-from hypha.accelerate_executor.local.bridge_server import BridgeServer
-from hypha.accelerate_executor.local.coordinator import Catalog, Coordinator, RunOptions
-from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
-from hypha.accelerate_executor.local.demo import run_demo
-from hypha.accelerate_executor.local.executor_entries import ExecutorEntry, preset
+from hypha.standin.coordinator.client import CoordinatorClient
+from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+from hypha.standin.data_service.assets import ensure_assets
+from hypha.standin.demo import run_demo
+from hypha.standin.worker.bridge_server import BridgeServer
+from hypha.standin.worker.executor_entries import ExecutorEntry, preset
 
 REPO = Path(__file__).resolve().parents[1]
 EXECUTOR = [sys.executable, "-m", "hypha.accelerate_executor.training"]
@@ -42,7 +42,7 @@ def launcher_entry(accelerate_config: str, processes: int) -> ExecutorEntry:
     """The image's launcher: picks the config and runs accelerate's launch path."""
     return ExecutorEntry(
         sys.executable,
-        ("-m", "hypha.accelerate_executor.launcher", "--accelerate-config", accelerate_config,
+        ("-m", "hypha.accelerate_executor.platform.launcher", "--accelerate-config", accelerate_config,
          "--num-processes", str(processes), "--socket", "{SOCKET_PATH}", "--work-dir", "{WORK_DIR}",
          "--job", "{JOB_JSON}"),
     )  # fmt: skip

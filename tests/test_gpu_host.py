@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hypha.accelerate_executor.gpu_host import (
+from hypha.accelerate_executor.platform.gpus import (
     DEV_OVERRIDE,
     DRIVER_FILE_OVERRIDE,
     best_nvidia,
@@ -22,7 +22,7 @@ from hypha.accelerate_executor.gpu_host import (
     read_driver,
     verdict,
 )
-from hypha.accelerate_executor.variants import BY_NAME, NVIDIA_VARIANTS
+from hypha.accelerate_executor.platform.variants import BY_NAME, NVIDIA_VARIANTS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -153,7 +153,7 @@ def launcher(
         DRIVER_FILE_OVERRIDE: str(driver_file),
     }
     return subprocess.run(
-        [sys.executable, "-m", "hypha.accelerate_executor.launcher", *args],
+        [sys.executable, "-m", "hypha.accelerate_executor.platform.launcher", *args],
         env=env,
         capture_output=True,
         text=True,

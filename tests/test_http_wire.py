@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hypha.accelerate_executor.http_wire import Response, ResponseReader, post_request
+from hypha.accelerate_executor.bridge.http_wire import Response, ResponseReader, post_request
 
 CONTINUE = b'{"type": "Continue"}'
 

@@ -1,17 +1,19 @@
-"""The package's import graph, read from the source with `ast`: every import (at the top,
+"""The packages' import graph, read from the source with `ast`: every import (at the top,
 inside a function or under TYPE_CHECKING) goes to the same layer or one below, and no
 modules import each other in a circle.
 
-The layers, bottom to top (docs/architecture.md: Layers):
+The layers, bottom to top (docs/architecture.md: Layers), one or more folders each:
 
-    ground    errors (the error tree, exit codes), entry (argument parser, run_main), version,
-              telemetry (OTLP export, which entry's one-line failure feeds)
-    format    serde_json, serde, paths, supervisor, tensorfile, http_wire: no notion of a job
-    job       job: the job spec, declared once
-    executor  what runs in the image: bridge, training and what it stacks on, launcher
-    shim      the host side: shim/*
-    local     the stand-in for Hypha's side: local/*
-    selftest  the host's proof: trains a stand-in job through the executor, selftest/*
+    ground    errors (the error tree, exit codes), entry (argument parser, run_main), supervisor
+              (a child in its own process group), telemetry/ (OTLP export)
+    spec      spec/: the job spec, its serde-exact reading, the task table
+    platform  platform/: variants, this host's GPUs, architectures, image tags, the launcher
+    bridge    bridge/: the Job Bridge client of both generations
+    training  training/: the loops and their parts
+    shim      shim/: what runs one job's container on the worker's host
+    standin   hypha.standin: the stand-in for Hypha's side, its services in their folders
+    tools     tools/: doctor, worker-config, build, publish, and selftest (which trains a
+              stand-in job through the executor)
     command   cli, the `hypha-accelerate` dispatcher, and image_entry, the image's
 """
 
@@ -20,43 +22,26 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = "hypha.accelerate_executor"
-ROOT = Path(__file__).resolve().parents[1] / "src" / "hypha" / "accelerate_executor"
+NAMESPACE = "hypha"
+ROOT = Path(__file__).resolve().parents[1] / "src" / "hypha"
+EXECUTOR = "accelerate_executor"
+
+
+def executor(*names: str) -> tuple[str, ...]:
+    return tuple(f"{EXECUTOR}.{name}" if name else EXECUTOR for name in names)
+
 
 # Bottom to top: a module's layer is the first whose names or prefixes hold it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("ground", ("", "errors", "entry", "telemetry")),
-    ("format", ("serde_json", "serde", "paths", "supervisor", "tensorfile", "http_wire")),
-    # Torch-free tables the job spec, the launcher and the shim all read.
-    ("tables", ("tasks", "variants")),
-    ("job", ("job",)),
-    (
-        "executor",
-        (
-            "action_bridge",
-            "action_loop",
-            "actions",
-            "bridge",
-            "data",
-            "diloco",
-            "distributed",
-            "gpu_host",
-            "inputs",
-            "launcher",
-            "modeling",
-            "optimization",
-            "progress",
-            "speculative",
-            "steps",
-            "sync",
-            "training",
-            "workbench",
-        ),
-    ),
-    ("shim", ("shim",)),
-    ("local", ("local",)),
-    ("selftest", ("selftest",)),
-    ("command", ("cli", "image_entry")),
+    ("ground", executor("", "errors", "entry", "supervisor", "telemetry")),
+    ("spec", executor("spec")),
+    ("platform", executor("platform")),
+    ("bridge", executor("bridge")),
+    ("training", executor("training")),
+    ("shim", executor("shim")),
+    ("standin", ("standin",)),
+    ("tools", executor("tools")),
+    ("command", executor("cli", "image_entry")),
 ]
 
 
@@ -82,9 +67,9 @@ def imports_of(path: Path) -> set[str]:
         else:
             continue
         for name in names:
-            if name == PACKAGE or name.startswith(PACKAGE + "."):
-                relative = name.removeprefix(PACKAGE).removeprefix(".")
-                if is_module(relative) or relative == "":
+            if name.startswith(NAMESPACE + "."):
+                relative = name.removeprefix(NAMESPACE + ".")
+                if is_module(relative):
                     found.add(relative)
     return found
 
@@ -98,7 +83,8 @@ def graph() -> dict[str, set[str]]:
 
 def layer(module: str) -> int:
     for index, (_, prefixes) in enumerate(LAYERS):
-        if any(module == p or (p and module.startswith(p + ".")) for p in prefixes):
+        # The package itself (its __init__) is ground; its folders are not.
+        if any(module == p or (p != EXECUTOR and module.startswith(p + ".")) for p in prefixes):
             return index
     raise AssertionError(f"{module} is in no layer: add it to LAYERS")
 
@@ -141,9 +127,10 @@ def circles(edges: dict[str, set[str]]) -> list[list[str]]:
 def test_the_graph_is_read_from_the_source() -> None:
     edges = graph()
     # Known arrows, so that a reader that finds nothing cannot pass the tests below.
-    assert "errors" in edges["job"]
-    assert "local.bridge_core" in edges["local.bridge_http"]
-    assert "shim.engine" in edges["shim.run"]
+    assert f"{EXECUTOR}.errors" in edges[f"{EXECUTOR}.spec.job"]
+    assert "standin.worker.bridge_core" in edges["standin.worker.bridge_http"]
+    assert f"{EXECUTOR}.shim.engine" in edges[f"{EXECUTOR}.shim.run"]
+    assert "standin.data_service.assets" in edges[f"{EXECUTOR}.tools.selftest.runs"]
 
 
 def test_no_import_goes_up_a_layer() -> None:
@@ -162,4 +149,7 @@ def test_no_modules_import_each_other_in_a_circle() -> None:
 
 def test_a_circle_and_an_upward_import_are_seen() -> None:
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    assert layer("errors") < layer("job") < layer("shim.run") < layer("local.worker")
+    assert (
+        layer(f"{EXECUTOR}.errors") < layer(f"{EXECUTOR}.spec.job") < layer(f"{EXECUTOR}.shim.run")
+    )
+    assert layer(f"{EXECUTOR}.shim.run") < layer("standin.worker.worker") < layer(f"{EXECUTOR}.cli")

@@ -15,8 +15,12 @@ from tokenizers.pre_tokenizers import Whitespace
 from transformers import AutoImageProcessor, PreTrainedTokenizerFast
 
 from hypha.accelerate_executor.errors import DataError, JobSpecError
-from hypha.accelerate_executor.inputs import MaskedLanguageModelling, ModelInputs, slice_names
-from hypha.accelerate_executor.job import TrainConfig, parse_job
+from hypha.accelerate_executor.spec.job import TrainConfig, parse_job
+from hypha.accelerate_executor.training.inputs import (
+    MaskedLanguageModelling,
+    ModelInputs,
+    slice_names,
+)
 
 JOB = Path(__file__).parent / "data" / "job-causal-lm.json"
 LENET = Path(__file__).parent / "lenet"

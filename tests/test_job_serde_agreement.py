@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from hypha.accelerate_executor.errors import JobSpecError, UntrainableJobError
-from hypha.accelerate_executor.job import (
+from hypha.accelerate_executor.spec.job import (
     parse_action_job_bytes,
     parse_any_job_bytes,
     parse_job_bytes,

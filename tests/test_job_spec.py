@@ -12,7 +12,7 @@ from typing import Any, get_args
 import pytest
 
 from hypha.accelerate_executor.errors import JobSpecError, UntrainableJobError
-from hypha.accelerate_executor.job import (
+from hypha.accelerate_executor.spec.job import (
     ActionJob,
     Ambiguous,
     Job,
@@ -20,7 +20,7 @@ from hypha.accelerate_executor.job import (
     parse_any_job_bytes,
     parse_job,
 )
-from hypha.accelerate_executor.tasks import TASKS, Trains
+from hypha.accelerate_executor.spec.tasks import TASKS, Trains
 
 EXAMPLES = sorted((Path(__file__).parent / "data").glob("job-*.json"))
 # Jobs as an action-era scheduler sends them (no `updates`, no `results`); the rest are alpha.17's.
@@ -75,7 +75,7 @@ def test_every_model_task_trains_or_is_refused_in_one_line(task: str) -> None:
 
 def test_the_task_table_covers_every_task_and_names_transformers_classes() -> None:
     pytest.importorskip("torch")
-    from hypha.accelerate_executor.modeling import _transformers_class
+    from hypha.accelerate_executor.training.modeling import _transformers_class
 
     assert list(TASKS) == list(get_args(ModelTask))
     for task, entry in TASKS.items():
@@ -293,7 +293,7 @@ def test_missing_arguments_exit_2_with_one_line() -> None:
 
 
 def test_json_schema_is_exported() -> None:
-    from hypha.accelerate_executor.job import json_schema
+    from hypha.accelerate_executor.spec.job import json_schema
 
     schema = json.dumps(json_schema())
     assert "input-names" in schema and "learning-rate" in schema and "batch_size" in schema

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hypha.accelerate_executor.launcher import free_port
+from hypha.accelerate_executor.platform.launcher.plan import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 CHECK = Path(__file__).parent / "sharding" / "model_weights_check.py"

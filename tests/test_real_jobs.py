@@ -17,10 +17,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from hypha.accelerate_executor.local.assets import ensure_assets
-from hypha.accelerate_executor.local.bridge_server import BridgeServer
-from hypha.accelerate_executor.local.coordinator import Catalog, Coordinator, RunOptions
-from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
+from hypha.standin.coordinator.client import CoordinatorClient
+from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+from hypha.standin.data_service.assets import ensure_assets
+from hypha.standin.worker.bridge_server import BridgeServer
 
 LENET_SOURCE = Path(__file__).parent / "lenet"
 REPOSITORY = "hypha-space/lenet"
@@ -113,7 +113,7 @@ def run_default_job(
 
 
 EXECUTOR = [sys.executable, "-m", "hypha.accelerate_executor.training"]
-TWO_PROCESSES = [sys.executable, "-m", "hypha.accelerate_executor.launcher",
+TWO_PROCESSES = [sys.executable, "-m", "hypha.accelerate_executor.platform.launcher",
                  "--accelerate-config", "multi-cpu", "--num-processes", "2"]  # fmt: skip
 
 
@@ -182,9 +182,9 @@ def test_micro_batches_follow_the_whole_batch_loss_curve(catalog: Catalog, short
 def test_the_masked_lm_job_trains_offline(tmp_path: Path, short_tmp: Path) -> None:
     """`local demo --job bert-mlm`'s job: a BERT whose tokenizer ships in the artifact, slices
     of input_ids and attention_mask, input-names without labels; BERT's masking makes them."""
-    from hypha.accelerate_executor.local.demo import run_demo
-    from hypha.accelerate_executor.local.executor_entries import preset
-    from hypha.accelerate_executor.local.report import LOSS_RATIO
+    from hypha.standin.coordinator.report import LOSS_RATIO
+    from hypha.standin.demo import run_demo
+    from hypha.standin.worker.executor_entries import preset
 
     # Two workers, as the demo runs it (6 rounds of 30 batches): one worker alone sometimes
     # stalls on a plateau near 3.8 (2 of 12 runs on torch 2.8, x0.90-0.91 after 6 rounds),

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from hypha.accelerate_executor.shim import build, publish
-from hypha.accelerate_executor.variants import BUILDS, CONTAINER_VARIANTS
+from hypha.accelerate_executor.platform.variants import BUILDS, CONTAINER_VARIANTS
+from hypha.accelerate_executor.tools import build, publish
 
 WORKFLOW = Path(__file__).resolve().parents[1] / ".github" / "workflows" / "release.yml"
 

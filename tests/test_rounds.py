@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hypha.accelerate_executor.bridge import (
+from hypha.accelerate_executor.bridge.client import (
     BridgeClient,
     Continue,
     Done,
@@ -23,11 +23,11 @@ from hypha.accelerate_executor.bridge import (
     ScheduleUpdate,
     parse_answer,
 )
+from hypha.accelerate_executor.bridge.progress import StatusAnswer, StatusReporter
 from hypha.accelerate_executor.errors import BridgeError, SchedulerError
-from hypha.accelerate_executor.job import LinearWithWarmup, WarmupStableDecay
-from hypha.accelerate_executor.optimization import build_lr_schedule
-from hypha.accelerate_executor.progress import StatusAnswer, StatusReporter
-from hypha.accelerate_executor.training import TRAIN_ON, Decision, scheduler_decision
+from hypha.accelerate_executor.spec.job import LinearWithWarmup, WarmupStableDecay
+from hypha.accelerate_executor.training.alpha17_loop import TRAIN_ON, Decision, scheduler_decision
+from hypha.accelerate_executor.training.optimization import build_lr_schedule
 from unix_http import QuietHandler, serving
 
 

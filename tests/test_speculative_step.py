@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -23,10 +24,12 @@ import pytest
 import torch
 from safetensors.torch import load
 
-from hypha.accelerate_executor.actions import system_time
-from hypha.accelerate_executor.local.action_scheduler import peers
+from hypha.accelerate_executor.bridge.actions import system_time
+from hypha.standin.scheduler.action_scheduler import peers
 from test_action_protocol import action_bridge, assets_dir, push_once_receiving, zero_update
 
+REPO = Path(__file__).resolve().parents[1]
+FSDP_ON_CPU = REPO / "tests" / "sharding" / "executor_fsdp_on_cpu.py"
 PS = "12D3KooWJ6MBkbH3o7j2yhhDAF7gRxA4Zm5cpuEUr2Znp1VvNBw3"
 SOURCE = peers([PS], "All")
 __all__ = ["assets_dir"]  # the module-scoped fixture, shared
@@ -131,7 +134,7 @@ def test_two_ranks_stay_in_step_through_dropped_and_used_gradients(
     work = short_tmp / "work"
     with action_bridge(assets_dir, work, answering(INTERLEAVED)) as (job_json, bridge, backend):
         push_once_receiving(bridge, backend, zero_update(assets_dir))
-        launcher = [sys.executable, "-m", "hypha.accelerate_executor.launcher"]
+        launcher = [sys.executable, "-m", "hypha.accelerate_executor.platform.launcher"]
         done = subprocess.run(
             [*launcher, "--accelerate-config", "multi-cpu", "--num-processes", "2",
              "--socket", str(bridge.socket_path), "--work-dir", str(work)],
@@ -151,6 +154,53 @@ def test_two_ranks_stay_in_step_through_dropped_and_used_gradients(
     final = load(backend.sent[-1][1])
     assert all(torch.isfinite(t).all() for t in final.values())
     assert any(t.abs().max() > 0 for t in final.values())
+
+
+@pytest.mark.slow
+def test_under_fsdp_the_speculative_step_sends_the_blocking_loops_pseudo_gradients(
+    assets_dir: Path, short_tmp: Path
+) -> None:
+    """FSDP2 over 2 gloo processes (accelerate's GPU-only gate lifted, as a GPU host lifts it):
+    the model sharded, each backward a reduce-scatter on every rank, and gradients computed
+    ahead dropped and used through the interleaved script. The pseudo-gradients sent (the
+    full weights gathered on rank 0) are the blocking loop's, bit for bit."""
+    config = short_tmp / "fsdp.yaml"
+    shipped = (REPO / "accelerate-configs" / "fsdp.yaml").read_text()
+    config.write_text(
+        shipped.replace("use_cpu: false", "use_cpu: true").replace(
+            "mixed_precision: bf16", "mixed_precision: 'no'"
+        )
+    )
+    sent = {}
+    for setting in ("off", "on"):
+        work = short_tmp / setting
+        with action_bridge(assets_dir, work, answering(INTERLEAVED)) as (job_json, bridge, backend):
+            push_once_receiving(bridge, backend, zero_update(assets_dir))
+            done = subprocess.run(
+                [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
+                 "--num_processes", "2", "--main_process_port", str(free_port()),
+                 str(FSDP_ON_CPU), "--socket", str(bridge.socket_path), "--work-dir", str(work)],
+                capture_output=True, text=True, timeout=600,
+                env={**os.environ, "JOB_JSON": job_json, "HYPHA_SPECULATIVE_STEP": setting,
+                     "ACCELERATE_USE_CPU": "True", "EXECUTOR_TEST_SEED": "0"},
+            )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "distributed type FSDP" in done.stdout, done.stdout[-2000:]
+        sent[setting] = [load(data) for _, data in backend.sent]
+    assert "speculative step on" in done.stdout
+    [last] = [line for line in done.stdout.splitlines() if "terminated" in line]
+    used, dropped = _ahead(INTERLEAVED)
+    assert f"{used} gradient(s) computed ahead used, {dropped} dropped" in last
+    assert len(sent["on"]) == len(sent["off"]) == 2
+    for ours, theirs in zip(sent["on"], sent["off"], strict=True):
+        assert same_tensors(ours, theirs)
+    assert any(t.abs().max() > 0 for t in sent["on"][-1].values())  # it did train
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _without_rates(statuses: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -198,9 +248,9 @@ def test_a_dropped_gradient_leaves_weights_statistics_and_draws_as_they_were() -
     ahead and dropping twice, then using, ends where plain steps end, bit for bit."""
     from accelerate import Accelerator
 
-    from hypha.accelerate_executor.distributed import Ranks
-    from hypha.accelerate_executor.speculative import SpeculativeStep
-    from hypha.accelerate_executor.steps import MicroBatchedStep
+    from hypha.accelerate_executor.training.distributed import Ranks
+    from hypha.accelerate_executor.training.speculative import SpeculativeStep
+    from hypha.accelerate_executor.training.steps import MicroBatchedStep
 
     generator = torch.Generator().manual_seed(1)
     batches = [
@@ -238,7 +288,7 @@ def test_a_dropped_gradient_leaves_weights_statistics_and_draws_as_they_were() -
 
 
 def test_the_setting_is_on_or_off() -> None:
-    from hypha.accelerate_executor.training import speculative_step
+    from hypha.accelerate_executor.training.alpha17_loop import speculative_step
 
     assert all(speculative_step(value) for value in ("on", "ON", "1", "true", "yes", ""))
     assert not any(speculative_step(value) for value in ("off", "0", "false", "no"))

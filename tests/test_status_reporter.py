@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from hypha.accelerate_executor import progress
-from hypha.accelerate_executor.bridge import BridgeClient, Continue, ScheduleUpdate
+from hypha.accelerate_executor.bridge import progress
+from hypha.accelerate_executor.bridge.client import BridgeClient, Continue, ScheduleUpdate
+from hypha.accelerate_executor.bridge.progress import StatusReporter
 from hypha.accelerate_executor.errors import BridgeError, BridgeGoneError
-from hypha.accelerate_executor.progress import StatusReporter
 from unix_http import serving
 
 CONTINUE = b'{"type": "Continue"}'

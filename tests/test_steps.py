@@ -12,11 +12,11 @@ import pytest
 import torch
 from accelerate import Accelerator
 
-from hypha.accelerate_executor.distributed import Ranks
 from hypha.accelerate_executor.errors import NoLossError, OutOfMemory
-from hypha.accelerate_executor.optimization import build_adamw
-from hypha.accelerate_executor.steps import MicroBatchedStep, loss_of
-from hypha.accelerate_executor.training import micro_batch_size
+from hypha.accelerate_executor.training.alpha17_loop import micro_batch_size
+from hypha.accelerate_executor.training.distributed import Ranks
+from hypha.accelerate_executor.training.optimization import build_adamw
+from hypha.accelerate_executor.training.steps import MicroBatchedStep, loss_of
 
 
 class LeNetish(torch.nn.Module):

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 import torch
 
-from hypha.accelerate_executor.job import parse_job
-from hypha.accelerate_executor.local.bridge_server import BridgeServer
-from hypha.accelerate_executor.local.coordinator import Coordinator, RunOptions
-from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
-from hypha.accelerate_executor.tasks import TASKS, Trains
+from hypha.accelerate_executor.spec.job import parse_job
+from hypha.accelerate_executor.spec.tasks import TASKS, Trains
+from hypha.standin.coordinator.client import CoordinatorClient
+from hypha.standin.coordinator.server import Coordinator, RunOptions
+from hypha.standin.worker.bridge_server import BridgeServer
 from task_models import CASES, TaskCase
 
 pytestmark = pytest.mark.slow
@@ -45,7 +45,7 @@ def test_every_task_that_trains_has_a_case() -> None:
 
 def train(case: TaskCase, root: Path, socket_dir: Path) -> list[float]:
     """Trains the case's job through the stand-in; the loss of every round."""
-    from hypha.accelerate_executor.training import Trainer
+    from hypha.accelerate_executor.training.alpha17_loop import Trainer
 
     with Coordinator(case.write_catalog(root), replace(OPTIONS)) as coordinator:
         client = CoordinatorClient(coordinator.url)

@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
-from hypha.accelerate_executor.job import GENERATIONS, Generation
-from hypha.accelerate_executor.local.otlp_receiver import Receiver
 from hypha.accelerate_executor.shim.otlp_relay import (
     OtlpRelay,
     TelemetryConfigError,
     upstream_from,
 )
+from hypha.accelerate_executor.spec.job import GENERATIONS, Generation
 from hypha.accelerate_executor.telemetry import SOCKET_VARIABLE, Telemetry, wanted
+from hypha.standin.otlp_receiver import Receiver
 from telemetry_job import (
     HEADER_SECRET,
     check_arrived,
@@ -160,7 +160,7 @@ def test_a_two_worker_job_on_the_host_exports_every_round(
     monkeypatch: pytest.MonkeyPatch,
     capfd: pytest.CaptureFixture[str],
 ) -> None:
-    from hypha.accelerate_executor.local.executor_entries import preset
+    from hypha.standin.worker.executor_entries import preset
 
     for name, value in telemetry_variables(receiver.url).items():
         monkeypatch.setenv(name, value)
@@ -172,7 +172,7 @@ def test_a_two_worker_job_on_the_host_exports_every_round(
 def test_without_the_variables_nothing_is_exported(
     receiver: Receiver, short_tmp: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    from hypha.accelerate_executor.local.executor_entries import preset
+    from hypha.standin.worker.executor_entries import preset
 
     assert not wanted(os.environ)
     run_two_workers(preset("process"), short_tmp, short_tmp / "out")
@@ -184,11 +184,11 @@ def test_without_the_variables_nothing_is_exported(
 def test_the_one_line_failure_arrives_as_an_error_record(
     receiver: Receiver, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from hypha.accelerate_executor.local.assets import ensure_assets
-    from hypha.accelerate_executor.local.coordinator import Catalog, Coordinator, RunOptions
-    from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
-    from hypha.accelerate_executor.local.executor_entries import preset
-    from hypha.accelerate_executor.local.worker import LocalWorker, serve_one_job
+    from hypha.standin.coordinator.client import CoordinatorClient
+    from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+    from hypha.standin.data_service.assets import ensure_assets
+    from hypha.standin.worker.executor_entries import preset
+    from hypha.standin.worker.worker import LocalWorker, serve_one_job
 
     class MissingModel(Coordinator):
         def job_spec(self, job_id: str) -> dict[str, Any]:

@@ -8,8 +8,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from hypha.accelerate_executor.data import load_slice
-from hypha.accelerate_executor.tensorfile import DTYPE_CODES, DTYPES
+from hypha.accelerate_executor.training.data import load_slice
+from hypha.accelerate_executor.training.tensorfile import DTYPE_CODES, DTYPES
 
 WRITTEN_BY_SAFETENSORS = [
     "F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8", "BOOL",

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from hypha.accelerate_executor.variants import ARM64_VARIANTS, BUILDS, BY_NAME, VARIANTS
+from hypha.accelerate_executor.platform.variants import ARM64_VARIANTS, BUILDS, BY_NAME, VARIANTS
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "docker" / "check_pins.py"

@@ -15,9 +15,9 @@ from dataclasses import replace
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from hypha.accelerate_executor.local.assets import build_model
-from hypha.accelerate_executor.optimization import build_adamw
-from hypha.accelerate_executor.selftest.workload import SIZES, SelftestSpec
+from hypha.accelerate_executor.tools.selftest.workload import SIZES, SelftestSpec
+from hypha.accelerate_executor.training.optimization import build_adamw
+from hypha.standin.data_service.assets import build_model
 
 
 def main() -> None:

@@ -18,8 +18,8 @@ import time
 
 import torch
 
-from hypha.accelerate_executor.local.otlp_receiver import Receiver
 from hypha.accelerate_executor.telemetry import Telemetry
+from hypha.standin.otlp_receiver import Receiver
 
 GIB = 1 << 30
 

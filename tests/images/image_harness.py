@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from hypha.accelerate_executor import __version__
-from hypha.accelerate_executor.local.assets import ensure_assets
-from hypha.accelerate_executor.local.coordinator import Catalog, Coordinator, RunOptions
-from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
-from hypha.accelerate_executor.local.executor_entries import EXECUTOR_ARGS, ExecutorEntry
-from hypha.accelerate_executor.local.worker import LocalWorker, serve_one_job
-from hypha.accelerate_executor.variants import BY_NAME
+from hypha.accelerate_executor.platform.variants import BY_NAME
+from hypha.standin.coordinator.client import CoordinatorClient
+from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+from hypha.standin.data_service.assets import ensure_assets
+from hypha.standin.worker.executor_entries import EXECUTOR_ARGS, ExecutorEntry
+from hypha.standin.worker.worker import LocalWorker, serve_one_job
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU_IMAGE = f"hypha-accelerate-executor:{__version__}-cpu"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from image_harness import docker_entry, run_job
 
-from hypha.accelerate_executor.local.coordinator import RunOptions
+from hypha.standin.coordinator.server import RunOptions
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

@@ -22,9 +22,9 @@ from image_harness import (
     run_job,
 )
 
-from hypha.accelerate_executor.local.coordinator import RunOptions
-from hypha.accelerate_executor.shim.variants import image_tags
-from hypha.accelerate_executor.variants import BUILDS
+from hypha.accelerate_executor.platform.image_tags import image_tags
+from hypha.accelerate_executor.platform.variants import BUILDS
+from hypha.standin.coordinator.server import RunOptions
 
 pytestmark = [pytest.mark.docker, pytest.mark.arm64, pytest.mark.slow]
 

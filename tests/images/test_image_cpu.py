@@ -7,13 +7,14 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
 from image_harness import ARBITRARY_USER, ROOT, docker_run
 
 from hypha.accelerate_executor import __version__
-from hypha.accelerate_executor.variants import BY_NAME
+from hypha.accelerate_executor.platform.variants import BY_NAME
 
 pytestmark = pytest.mark.docker
 
@@ -161,6 +162,38 @@ def test_selftest_is_a_command_of_the_image(cpu_image: str) -> None:
     assert table[1] == f"torch        {BY_NAME['cpu'].torch_build} (-)"
     assert any(row.startswith("executor ") and "exit 0" in row for row in table)
     assert table[-1].startswith("verdict      PASS")
+
+
+# The stand-in's modules no worker and no selftest runs (docker/Dockerfile, docs/images.md).
+STANDIN_LEFT_OUT = {
+    "cli.py", "demo.py", "otlp_receiver.py", "coordinator/server.py",
+    "coordinator/http_api.py", "coordinator/client.py", "coordinator/report.py",
+}  # fmt: skip
+
+
+def test_keeps_of_the_stand_in_only_what_selftest_runs(cpu_image: str) -> None:
+    """The selftest above proves what is kept suffices; here, the rest is gone, with its
+    bytecode, and the command it served says so in one line."""
+    listing = docker_run(
+        cpu_image,
+        "-c",
+        "cd /opt/venv/lib/python3.*/site-packages/hypha/standin && find . -name '*.py*'",
+        options=("--entrypoint", "sh"),
+    )
+    assert listing.returncode == 0, listing.stderr
+    present = {line.removeprefix("./") for line in listing.stdout.split()}
+    assert "worker/bridge_core.py" in present and "coordinator/core.py" in present
+    assert not STANDIN_LEFT_OUT & present
+    bytecode = {
+        str(Path(name).parent / "__pycache__" / Path(name).stem).removeprefix("./")
+        for name in STANDIN_LEFT_OUT
+    }
+    assert not [name for name in present if name.split(".", 1)[0] in bytecode]
+    local = docker_run(cpu_image, "local", "demo", options=("--entrypoint", "hypha-accelerate"))
+    assert local.returncode == 1
+    assert local.stderr.splitlines() == [
+        "hypha-accelerate: 'local' is not installed here (hypha.standin.cli is missing)"
+    ]
 
 
 def test_bad_arguments_end_in_one_line_and_exit_2(cpu_image: str) -> None:

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from hypha.accelerate_executor import launcher
+from hypha.accelerate_executor import __version__
+from hypha.accelerate_executor.platform.launcher import command, discovery
+from hypha.accelerate_executor.platform.launcher import plan as planning
 
 CONFIGS = Path(__file__).resolve().parents[2] / "accelerate-configs"
 
@@ -24,7 +26,7 @@ def launch(*args: str, variant: str | None = "cpu") -> subprocess.CompletedProce
     if variant:
         env["HYPHA_VARIANT"] = variant
     return subprocess.run(
-        [sys.executable, "-m", "hypha.accelerate_executor.launcher", *args],
+        [sys.executable, "-m", "hypha.accelerate_executor.platform.launcher", *args],
         capture_output=True,
         text=True,
         env=env,
@@ -141,15 +143,15 @@ def test_bad_arguments_end_in_one_line_and_exit_2(
 def test_version_and_help_need_no_socket() -> None:
     version = launch("--version")
     assert version.returncode == 0
-    assert version.stdout.split()[:2] == ["hypha-accelerate-executor", launcher.__version__]
+    assert version.stdout.split()[:2] == ["hypha-accelerate-executor", __version__]
     assert launch("--help").returncode == 0
 
 
 def test_the_launcher_does_not_import_torch() -> None:
     probe = (
         "import sys\n"
-        "from hypha.accelerate_executor import launcher\n"
-        "launcher.main(['--print-config'])\n"
+        "from hypha.accelerate_executor.platform.launcher.command import main\n"
+        "main(['--print-config'])\n"
         "sys.exit(1 if 'torch' in sys.modules else 0)\n"
     )
     env = {**os.environ, "HYPHA_ACCELERATE_CONFIGS": str(CONFIGS), "HYPHA_VARIANT": "cpu"}
@@ -164,12 +166,12 @@ def test_nvidia_gpus_are_counted_from_dev_and_narrowed_by_cuda_visible_devices(
     dev = fake_dev(
         tmp_path, ["nvidia0", "nvidia1", "nvidia2", "nvidiactl", "nvidia-uvm", "nvidia-caps/x"]
     )
-    assert launcher.count_gpus("cu126", {}, dev) == 3
-    assert launcher.count_gpus("cu129", {"CUDA_VISIBLE_DEVICES": "0,2"}, dev) == 2
-    assert launcher.count_gpus("cu126", {"CUDA_VISIBLE_DEVICES": ""}, dev) == 0
-    assert launcher.count_gpus("cu126", {"CUDA_VISIBLE_DEVICES": "-1"}, dev) == 0
-    assert launcher.count_gpus("cpu", {}, dev) == 0
-    assert launcher.image_variant({}, dev) == "cu126"
+    assert discovery.count_gpus("cu126", {}, dev) == 3
+    assert discovery.count_gpus("cu129", {"CUDA_VISIBLE_DEVICES": "0,2"}, dev) == 2
+    assert discovery.count_gpus("cu126", {"CUDA_VISIBLE_DEVICES": ""}, dev) == 0
+    assert discovery.count_gpus("cu126", {"CUDA_VISIBLE_DEVICES": "-1"}, dev) == 0
+    assert discovery.count_gpus("cpu", {}, dev) == 0
+    assert discovery.image_variant({}, dev) == "cu126"
 
 
 def test_amd_gpus_are_render_nodes_of_vendor_0x1002_beside_kfd(tmp_path: Path) -> None:
@@ -183,20 +185,20 @@ def test_amd_gpus_are_render_nodes_of_vendor_0x1002_beside_kfd(tmp_path: Path) -
         vendor_file = sys_root / "class" / "drm" / node / "device" / "vendor"
         vendor_file.parent.mkdir(parents=True)
         vendor_file.write_text(vendor + "\n")
-    assert launcher.count_gpus("rocm64", {}, dev, sys_root) == 0  # no /dev/kfd: no ROCm
+    assert discovery.count_gpus("rocm64", {}, dev, sys_root) == 0  # no /dev/kfd: no ROCm
     (dev / "kfd").touch()
-    assert launcher.count_gpus("rocm64", {}, dev, sys_root) == 2
-    assert launcher.count_gpus("rocm64", {"HIP_VISIBLE_DEVICES": "1"}, dev, sys_root) == 1
-    assert launcher.image_variant({}, dev) == "rocm64"
+    assert discovery.count_gpus("rocm64", {}, dev, sys_root) == 2
+    assert discovery.count_gpus("rocm64", {"HIP_VISIBLE_DEVICES": "1"}, dev, sys_root) == 1
+    assert discovery.image_variant({}, dev) == "rocm64"
 
 
-def plan_for(tmp_path: Path, variant: str, gpus: int, *args: str) -> launcher.Plan:
+def plan_for(tmp_path: Path, variant: str, gpus: int, *args: str) -> planning.Plan:
     dev = fake_dev(tmp_path, [f"nvidia{i}" for i in range(gpus)])
-    parsed: argparse.Namespace = launcher.parser().parse_args(
+    parsed: argparse.Namespace = command.parser().parse_args(
         ["--socket", "/w/bridge.sock", "--work-dir", "/w", "--job", "@/w/job.json", *args]
     )
     env = {"HYPHA_VARIANT": variant, "HYPHA_ACCELERATE_CONFIGS": str(CONFIGS)}
-    return launcher.plan(parsed, env, dev, tmp_path / "sys")
+    return planning.plan(parsed, env, dev, tmp_path / "sys")
 
 
 def test_one_gpu_runs_gpu_yaml_directly_with_bf16(tmp_path: Path) -> None:
@@ -256,7 +258,7 @@ def supervise(tmp_path: Path, mode: str) -> tuple[int, Path]:
     marker = tmp_path / "job"
     supervisor = (
         "import sys\n"
-        "from hypha.accelerate_executor.launcher import run_ranks\n"
+        "from hypha.accelerate_executor.platform.launcher.command import run_ranks\n"
         f"sys.exit(run_ranks([sys.executable, '-c', {JOB!r}, {str(marker)!r}, {mode!r}], {{}}))\n"
     )
     process = subprocess.Popen([sys.executable, "-c", supervisor])
@@ -292,7 +294,7 @@ def test_sigterm_reaches_the_whole_job_and_ends_it(tmp_path: Path, mode: str) ->
 def test_the_childs_exit_code_passes_through(tmp_path: Path) -> None:
     supervisor = (
         "import sys\n"
-        "from hypha.accelerate_executor.launcher import run_ranks\n"
+        "from hypha.accelerate_executor.platform.launcher.command import run_ranks\n"
         "sys.exit(run_ranks([sys.executable, '-c', 'raise SystemExit(7)'], {}))\n"
     )
     assert subprocess.run([sys.executable, "-c", supervisor]).returncode == 7

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from hypha.accelerate_executor.shim import build
-from hypha.accelerate_executor.shim.variants import CONTAINER_VARIANTS, GPU_VARIANTS
-from hypha.accelerate_executor.variants import BY_NAME
+from hypha.accelerate_executor.platform.image_tags import CONTAINER_VARIANTS, GPU_VARIANTS
+from hypha.accelerate_executor.platform.variants import BY_NAME
+from hypha.accelerate_executor.tools import build
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = (ROOT / "docker" / "Dockerfile").read_text()

@@ -18,9 +18,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from hypha.accelerate_executor.local.bridge_server import BridgeServer
-from hypha.accelerate_executor.local.coordinator import Catalog, Coordinator, RunOptions
-from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
+from hypha.standin.coordinator.client import CoordinatorClient
+from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+from hypha.standin.worker.bridge_server import BridgeServer
 
 
 class UnixHTTPConnection(http.client.HTTPConnection):

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from hypha.accelerate_executor.local.action_scheduler import (
+from hypha.standin.scheduler.action_scheduler import (
     ActionScheduler,
     RunningMean,
     Simulation,

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from hypha.accelerate_executor.local.assets import (
+from hypha.standin.data_service.assets import (
     MODEL_FILENAMES,
     AssetSpec,
     chain_entropy,

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from hypha.accelerate_executor.local.jobs import new_peer_id
+from hypha.standin.jobs import new_peer_id
 
 # A peer id as libp2p parses it (the worker refuses any other with 422), but nobody's.
 NOBODY = new_peer_id()

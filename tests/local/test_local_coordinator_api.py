@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from hypha.accelerate_executor.errors import BackendError
-from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
+from hypha.standin.coordinator.client import CoordinatorClient
 
 
 def test_one_connection_carries_every_request_errors_included(make_coordinator):

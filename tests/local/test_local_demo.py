@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from hypha.accelerate_executor.local import cli
-from hypha.accelerate_executor.local.coordinator import RunOptions
-from hypha.accelerate_executor.local.demo import run_demo
-from hypha.accelerate_executor.local.executor_entries import EXECUTOR_ARGS, ExecutorEntry, preset
+from hypha.standin import cli
+from hypha.standin.coordinator.server import RunOptions
+from hypha.standin.demo import run_demo
+from hypha.standin.worker.executor_entries import EXECUTOR_ARGS, ExecutorEntry, preset
 
 TOY = ExecutorEntry(
     sys.executable, (str(Path(__file__).with_name("toy_executor.py")), *EXECUTOR_ARGS)

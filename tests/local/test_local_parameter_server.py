@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from hypha.accelerate_executor.local.parameter_server import NesterovOuterOptimizer, true_mean
+from hypha.standin.parameter_server.server import NesterovOuterOptimizer, true_mean
 
 # Pseudo-gradients of three workers over two rounds. Round 1's mean of "w" is [3, 5]:
 # pairwise averaging ((1+3)/2 + 5)/2 would give 3.5, so the true mean is what is tested.

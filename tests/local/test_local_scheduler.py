@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from hypha.accelerate_executor.errors import ProgressError
-from hypha.accelerate_executor.local.data_service import SliceTracker
-from hypha.accelerate_executor.local.scheduler import (
+from hypha.standin.data_service.service import SliceTracker
+from hypha.standin.scheduler.batch_scheduler import (
     BatchScheduler,
     Projection,
     RunningMean,

@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 
 from hypha.accelerate_executor.errors import UsageError, WorkerError
-from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
-from hypha.accelerate_executor.local.executor_entries import (
+from hypha.standin.coordinator.client import CoordinatorClient
+from hypha.standin.worker.executor_entries import (
     ExecutorEntry,
     executor_entry,
     load_toml_entry,
     substitute,
 )
-from hypha.accelerate_executor.local.worker import LocalWorker, serve_one_job
+from hypha.standin.worker.worker import LocalWorker, serve_one_job
 
 EXAMPLE_TOML = Path(__file__).parents[1] / "data" / "worker-executors.toml"
 

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
-from hypha.accelerate_executor.local.executor_entries import preset
-from hypha.accelerate_executor.local.job_status import ERR_TAIL_BYTES, Tail, job_status
-from hypha.accelerate_executor.local.report import judge
-from hypha.accelerate_executor.local.worker import LocalWorker, serve_one_job
+from hypha.standin.coordinator.client import CoordinatorClient
+from hypha.standin.coordinator.report import judge
+from hypha.standin.job_status import ERR_TAIL_BYTES, Tail, job_status
+from hypha.standin.worker.executor_entries import preset
+from hypha.standin.worker.worker import LocalWorker, serve_one_job
 
 FAILURE = "hypha.accelerate_executor.training: bad job: executor.config.batch_size"
 

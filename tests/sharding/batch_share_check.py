@@ -15,10 +15,10 @@ import sys
 import torch
 from accelerate import Accelerator
 
-from hypha.accelerate_executor.data import Share
-from hypha.accelerate_executor.distributed import Ranks, process_group_settings
 from hypha.accelerate_executor.entry import exit_without_teardown
-from hypha.accelerate_executor.steps import MicroBatchedStep
+from hypha.accelerate_executor.training.data import Share
+from hypha.accelerate_executor.training.distributed import Ranks, process_group_settings
+from hypha.accelerate_executor.training.steps import MicroBatchedStep
 
 BATCH = 7
 

@@ -9,6 +9,7 @@ sharded by FSDP2 over the gloo processes, and the executor runs as it does on a 
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from accelerate import Accelerator, PartialState
@@ -28,7 +29,13 @@ def _fsdp_on_cpu(self: Accelerator, *args: Any, **kwargs: Any) -> None:
 
 Accelerator.__init__ = _fsdp_on_cpu  # type: ignore[method-assign]
 
+# A test that compares two runs bit for bit seeds each rank alike (dropout's draws).
+if "EXECUTOR_TEST_SEED" in os.environ:
+    import torch
+
+    torch.manual_seed(int(os.environ["EXECUTOR_TEST_SEED"]))
+
 from hypha.accelerate_executor.entry import exit_without_teardown  # noqa: E402
-from hypha.accelerate_executor.training import main  # noqa: E402
+from hypha.accelerate_executor.training.alpha17_loop import main  # noqa: E402
 
 exit_without_teardown(main())  # as `python -m hypha.accelerate_executor.training` leaves

@@ -18,12 +18,12 @@ import torch
 from accelerate import Accelerator
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from hypha.accelerate_executor.distributed import (
+from hypha.accelerate_executor.entry import exit_without_teardown
+from hypha.accelerate_executor.training.distributed import (
     ModelWeights,
     canonical_names,
     process_group_settings,
 )
-from hypha.accelerate_executor.entry import exit_without_teardown
 
 
 def tiny_gpt2() -> GPT2LMHeadModel:

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 from shim_harness import WorkerJob, build_small_image, shim_command
 
-from hypha.accelerate_executor.shim.arch import host_arch
-from hypha.accelerate_executor.shim.variants import image_tags
+from hypha.accelerate_executor.platform.arch import host_arch
+from hypha.accelerate_executor.platform.image_tags import image_tags
 
 pytestmark = pytest.mark.docker
 

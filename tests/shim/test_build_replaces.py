@@ -10,8 +10,8 @@ import pytest
 from docker.errors import ImageNotFound
 from shim_harness import build_small_image
 
-from hypha.accelerate_executor.shim.arch import host_arch
-from hypha.accelerate_executor.shim.build import image_ids, remove_replaced
+from hypha.accelerate_executor.platform.arch import host_arch
+from hypha.accelerate_executor.tools.build import image_ids, remove_replaced
 
 pytestmark = pytest.mark.docker
 

@@ -12,7 +12,7 @@ import pytest
 from shim_harness import WORKER_GID, WORKER_UID, shim_command
 
 from hypha.accelerate_executor import __version__
-from hypha.accelerate_executor.shim.variants import CONTAINER_VARIANTS
+from hypha.accelerate_executor.platform.image_tags import CONTAINER_VARIANTS
 
 
 def doctor(
@@ -169,7 +169,7 @@ def test_gpus_without_a_driver_version_fail_the_driver_row(tmp_path: Path) -> No
 
 
 def test_doctor_points_to_the_selftest_that_fits_the_host() -> None:
-    from hypha.accelerate_executor.shim.doctor import Check, selftest_command
+    from hypha.accelerate_executor.tools.doctor import Check, selftest_command
 
     cpu = Check("image cpu", "ok", "hypha-accelerate-executor:cpu (1.1 GB)")
     cu130 = Check("image cu130", "ok", "hypha-accelerate-executor:cu130 (6.2 GB)")

@@ -10,7 +10,7 @@ import pytest
 from shim_harness import BASE_IMAGE, WorkerJob
 
 from hypha.accelerate_executor.errors import ShimError
-from hypha.accelerate_executor.shim.hostpath import translate
+from hypha.accelerate_executor.shim.mount_source import translate
 
 REPO = Path(__file__).resolve().parents[2]
 MOUNTS = [

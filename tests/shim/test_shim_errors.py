@@ -142,7 +142,7 @@ def test_named_image_missing(docker_api: Any, worker_job: WorkerJob) -> None:
 def test_variant_image_missing_names_the_build_command(
     docker_api: Any, worker_job: WorkerJob
 ) -> None:
-    from hypha.accelerate_executor.shim.variants import image_tags
+    from hypha.accelerate_executor.platform.image_tags import image_tags
 
     if any(docker_api.images(name=tag) for tag in image_tags("rocm64")):
         pytest.skip("a rocm64 image exists on this engine")

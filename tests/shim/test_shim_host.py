@@ -172,7 +172,7 @@ def test_sigkill_of_the_shim_ends_the_group(
 
 
 def test_venv_location_follows_the_bundle(fake_bundle: Path, cache: Path, monkeypatch: Any) -> None:
-    from hypha.accelerate_executor.shim.host import Bundle
+    from hypha.accelerate_executor.shim.mps_bundle import Bundle
 
     monkeypatch.setenv("HYPHA_ACCELERATE_CACHE", str(cache))
     first = Bundle(fake_bundle).venv_dir()
@@ -212,7 +212,7 @@ def _prepare_venv(bundle: Path, venv: Path) -> None:
 
 @pytest.fixture
 def real_bundle_venv(mps_bundle: Path, cache: Path, monkeypatch: Any) -> Iterator[Path]:
-    from hypha.accelerate_executor.shim.host import Bundle
+    from hypha.accelerate_executor.shim.mps_bundle import Bundle
 
     monkeypatch.setenv("HYPHA_ACCELERATE_CACHE", str(cache))
     venv = Bundle(mps_bundle).venv_dir()
@@ -224,11 +224,11 @@ def real_bundle_venv(mps_bundle: Path, cache: Path, monkeypatch: Any) -> Iterato
 def test_a_real_job_through_the_bundle(
     mps_bundle: Path, real_bundle_venv: Path, work_base: Path
 ) -> None:
-    from hypha.accelerate_executor.local.assets import ensure_assets
-    from hypha.accelerate_executor.local.coordinator import Catalog, Coordinator, RunOptions
-    from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
-    from hypha.accelerate_executor.local.executor_entries import EXECUTOR_ARGS, ExecutorEntry
-    from hypha.accelerate_executor.local.worker import LocalWorker, serve_one_job
+    from hypha.standin.coordinator.client import CoordinatorClient
+    from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+    from hypha.standin.data_service.assets import ensure_assets
+    from hypha.standin.worker.executor_entries import EXECUTOR_ARGS, ExecutorEntry
+    from hypha.standin.worker.worker import LocalWorker, serve_one_job
 
     shim = shutil.which("hypha-accelerate", path=str(Path(sys.executable).parent))
     assert shim is not None

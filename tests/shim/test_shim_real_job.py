@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from shim_harness import WORKER_GID, WORKER_UID, shim_command
 
-from hypha.accelerate_executor.shim.variants import image_tags
+from hypha.accelerate_executor.platform.image_tags import image_tags
 
 if TYPE_CHECKING:
-    from hypha.accelerate_executor.local.jobs import JobKind
+    from hypha.standin.jobs import JobKind
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -53,10 +53,10 @@ def containers_under(api: Any, base: Path) -> list[str]:
 def run_job(
     entry: Any, base: Path, rounds: int, steps: int, cancel_after: int = 0, token: str | None = None
 ) -> dict[str, Any]:
-    from hypha.accelerate_executor.local.assets import ensure_assets
-    from hypha.accelerate_executor.local.coordinator import Catalog, Coordinator, RunOptions
-    from hypha.accelerate_executor.local.coordinator_client import CoordinatorClient
-    from hypha.accelerate_executor.local.worker import LocalWorker, serve_one_job
+    from hypha.standin.coordinator.client import CoordinatorClient
+    from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+    from hypha.standin.data_service.assets import ensure_assets
+    from hypha.standin.worker.worker import LocalWorker, serve_one_job
 
     class TokenCoordinator(Coordinator):
         """Hands out jobs whose model reference carries a Hugging Face token."""
@@ -94,7 +94,7 @@ def run_job(
 
 
 def test_job_through_the_shim(cpu_image: str, job_base: Path, docker_api: Any) -> None:
-    from hypha.accelerate_executor.local.executor_entries import preset
+    from hypha.standin.worker.executor_entries import preset
 
     record = run_job(preset("shim"), job_base, rounds=2, steps=4)
     assert record["exit_code"] == 0
@@ -105,7 +105,7 @@ def test_job_through_the_shim(cpu_image: str, job_base: Path, docker_api: Any) -
 
 
 def test_cancelled_job_through_the_shim(cpu_image: str, job_base: Path, docker_api: Any) -> None:
-    from hypha.accelerate_executor.local.executor_entries import preset
+    from hypha.standin.worker.executor_entries import preset
 
     record = run_job(preset("shim"), job_base, rounds=1, steps=100_000, cancel_after=2)
     assert record["exit_code"] == 143
@@ -116,7 +116,7 @@ def test_cancelled_job_through_the_shim(cpu_image: str, job_base: Path, docker_a
 def test_job_through_worker_configs_docker_entry(
     cpu_image: str, job_base: Path, tmp_path: Path
 ) -> None:
-    from hypha.accelerate_executor.local.executor_entries import executor_entry
+    from hypha.standin.worker.executor_entries import executor_entry
 
     config = tmp_path / "worker.toml"
     result = subprocess.run(
@@ -146,7 +146,7 @@ def test_no_token_in_any_process_list_during_a_real_job(
     """worker-config's shim entry, run the worker's way (JOB_JSON exported) on a job whose
     reference carries a token: `ps -eo args` on the host, which sees the container's
     processes too, never shows it."""
-    from hypha.accelerate_executor.local.executor_entries import executor_entry
+    from hypha.standin.worker.executor_entries import executor_entry
 
     token = "hf_psSecretToken0123456789"
     config = tmp_path / "worker.toml"
@@ -187,9 +187,9 @@ def run_through_worker_configs_shim_entry(
 ) -> dict[str, Any]:
     """A local job kind on two workers, each running worker-config's cpu entry as printed;
     its summary, once every worker ran clean and left nothing behind. Prints the figures."""
-    from hypha.accelerate_executor.local.coordinator import RunOptions
-    from hypha.accelerate_executor.local.demo import run_demo
-    from hypha.accelerate_executor.local.executor_entries import executor_entry
+    from hypha.standin.coordinator.server import RunOptions
+    from hypha.standin.demo import run_demo
+    from hypha.standin.worker.executor_entries import executor_entry
 
     config = tmp_path / "worker.toml"
     printed = subprocess.run(

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from shim_harness import WORKER_GID, WORKER_UID
 
-from hypha.accelerate_executor.shim.variants import image_tags
+from hypha.accelerate_executor.platform.image_tags import image_tags
 from hypha.accelerate_executor.telemetry import SOCKET_VARIABLE
 from telemetry_job import (
     HEADER_SECRET,
@@ -97,7 +97,7 @@ def run_job(
     monkeypatch: pytest.MonkeyPatch,
     out: Path,
 ) -> Watch:
-    from hypha.accelerate_executor.local.executor_entries import preset
+    from hypha.standin.worker.executor_entries import preset
 
     monkeypatch.setenv("HYPHA_ACCELERATE_IMAGE", image)
     for name, value in variables.items():

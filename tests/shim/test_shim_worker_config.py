@@ -23,7 +23,7 @@ from shim_harness import (
     wait_for_line,
 )
 
-from hypha.accelerate_executor.shim.variants import CONTAINER_VARIANTS, image_tags
+from hypha.accelerate_executor.platform.image_tags import CONTAINER_VARIANTS, image_tags
 
 TOKENS = ["--socket", "{SOCKET_PATH}", "--work-dir", "{WORK_DIR}"]
 
@@ -174,7 +174,7 @@ def test_auto_picks_the_variant_this_host_runs_best_and_says_why(
 
 def _as_the_worker_runs(entry: dict[str, Any], job: WorkerJob) -> list[str]:
     """The entry's command with the tokens replaced as the worker replaces them."""
-    from hypha.accelerate_executor.local.executor_entries import substitute
+    from hypha.standin.worker.executor_entries import substitute
 
     values = {"SOCKET_PATH": str(job.socket_path), "WORK_DIR": str(job.work_dir)}
     return [entry["cmd"], *(substitute(arg, values) for arg in entry["args"])]

@@ -10,7 +10,7 @@ import importlib
 import sys
 
 from hypha.accelerate_executor.entry import say_error
-from hypha.accelerate_executor.errors import EXIT_OK, EXIT_USAGE
+from hypha.accelerate_executor.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 # sub-command -> (module, one-line help). Each module has `main(argv: list[str]) -> int`.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -19,30 +19,30 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "run one job's executor container (the worker starts this)",
     ),
     "worker-config": (
-        "hypha.accelerate_executor.shim.worker_config",
+        "hypha.accelerate_executor.tools.worker_config",
         "print worker TOML [[executors]] entries",
     ),
     "doctor": (
-        "hypha.accelerate_executor.shim.doctor",
+        "hypha.accelerate_executor.tools.doctor",
         "check Docker, images, GPU runtime and work dir permissions",
     ),
     "selftest": (
-        "hypha.accelerate_executor.selftest.command",
+        "hypha.accelerate_executor.tools.selftest.command",
         "train a small job on this host's GPUs (or CPU): speed, MFU, memory, a verdict",
     ),
     "build": (
-        "hypha.accelerate_executor.shim.build",
+        "hypha.accelerate_executor.tools.build",
         "build the executor image of one variant or all",
     ),
     "publish": (
-        "hypha.accelerate_executor.shim.publish",
+        "hypha.accelerate_executor.tools.publish",
         "push built variants to a registry as multi-architecture tags",
     ),
     "local": (
-        "hypha.accelerate_executor.local.cli",
+        "hypha.standin.cli",
         "local stand-in for the Hypha side: demo, coordinator, worker",
     ),
-    "schema": ("hypha.accelerate_executor.job", "print the job spec's JSON Schema"),
+    "schema": ("hypha.accelerate_executor.spec.job", "print the job spec's JSON Schema"),
 }
 
 
@@ -65,7 +65,15 @@ def main(argv: list[str] | None = None) -> int:
     if args[0] not in COMMANDS:
         say_error("hypha-accelerate", f"unknown command {args[0]!r}; try --help")
         return EXIT_USAGE
-    module = importlib.import_module(COMMANDS[args[0]][0])
+    name = COMMANDS[args[0]][0]
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        # The runtime image keeps only what selftest needs of the stand-in: no `local`.
+        if exc.name is None or not (name == exc.name or name.startswith(exc.name + ".")):
+            raise
+        say_error("hypha-accelerate", f"{args[0]!r} is not installed here ({exc.name} is missing)")
+        return EXIT_FAILED
     return int(module.main(args[1:]))
 
 

@@ -1,6 +1,6 @@
 """The image's entrypoint. A worker's `docker run IMAGE --socket ... --work-dir ...` reaches
-the launcher (launcher.py); `docker run IMAGE selftest [...]` runs the selftest instead
-(selftest/command.py), which proves the host the image runs on."""
+the launcher (platform/launcher/); `docker run IMAGE selftest [...]` runs the selftest instead
+(tools/selftest/command.py), which proves the host the image runs on."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     arguments = sys.argv[1:] if argv is None else argv
     if arguments[:1] == ["selftest"]:
-        from hypha.accelerate_executor.selftest.command import main as selftest
+        from hypha.accelerate_executor.tools.selftest.command import main as selftest
 
         return selftest(arguments[1:])
-    from hypha.accelerate_executor.launcher import main as launch
+    from hypha.accelerate_executor.platform.launcher.command import main as launch
 
     return launch(arguments)
 

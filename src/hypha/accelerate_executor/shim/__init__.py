@@ -1,1 +1,1 @@
-"""The host shim: runs executor containers for a Hypha worker, and builds their images."""
+"""The host shim: what runs one job's executor container for a Hypha worker."""

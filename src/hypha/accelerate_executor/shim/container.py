@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from hypha.accelerate_executor.errors import DockerError
+from hypha.accelerate_executor.shim.container_spec import ContainerSpec
 from hypha.accelerate_executor.shim.engine import explain, gone_counts_as_done, remove_container
 from hypha.accelerate_executor.shim.line_writer import LineWriter
 from hypha.accelerate_executor.shim.reaper import reap_stale
-from hypha.accelerate_executor.shim.spec import ContainerSpec
 from hypha.accelerate_executor.shim.watchdog import guard_container
 from hypha.accelerate_executor.supervisor import DRAIN_S, GRACE_S, Interrupts
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from hypha.accelerate_executor.errors import DockerError
-from hypha.accelerate_executor.shim.arch import host_arch, image_arch
-from hypha.accelerate_executor.shim.variants import build_command, image_tags
+from hypha.accelerate_executor.platform.arch import host_arch, image_arch
+from hypha.accelerate_executor.platform.image_tags import build_command, image_tags
 
 if TYPE_CHECKING:
     from docker import APIClient

@@ -10,8 +10,12 @@ import os
 import socket
 from typing import TYPE_CHECKING
 
+from hypha.accelerate_executor.shim.container_spec import (
+    LABEL_SHIM_HOST,
+    LABEL_SHIM_PID,
+    LABEL_SHIM_START,
+)
 from hypha.accelerate_executor.shim.engine import remove_container
-from hypha.accelerate_executor.shim.spec import LABEL_SHIM_HOST, LABEL_SHIM_PID, LABEL_SHIM_START
 
 if TYPE_CHECKING:
     from docker import APIClient

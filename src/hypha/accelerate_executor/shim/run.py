@@ -6,7 +6,7 @@
         [--memory 8g] [--shm-size 8g | --ipc host] [--pids-limit N]
         [--trust-remote-code | --no-remote-code]
 
-VARIANT is one of shim/variants.py's (`--help` lists them). Runs the variant's image with
+VARIANT is one of platform/variants.py's (`--help` lists them). Runs the variant's image with
 WORK_DIR (and so the bridge socket) bind-mounted at the same path, as the uid:gid owning
 WORK_DIR, with no network and no capabilities, and re-prints the executor's output line by
 line; `mps-host` runs the bundle as a host process instead.
@@ -30,25 +30,20 @@ from collections.abc import Callable
 
 from hypha.accelerate_executor.entry import OneLineArgumentParser, run_main, say_error
 from hypha.accelerate_executor.errors import ShimError
-from hypha.accelerate_executor.job import Ambiguous, job_bytes, parse_any_job_bytes
-from hypha.accelerate_executor.shim.accelerators import (
+from hypha.accelerate_executor.platform.accelerators import (
     ROCM_DEVICES,
     require_nvidia_runtime,
     rocm_device_groups,
 )
-from hypha.accelerate_executor.shim.container import run_container
-from hypha.accelerate_executor.shim.engine import connect, find_image, root_cause
-from hypha.accelerate_executor.shim.host import run_bundle
-from hypha.accelerate_executor.shim.hostpath import host_work_dir
-from hypha.accelerate_executor.shim.jobfile import write_job_file
-from hypha.accelerate_executor.shim.otlp_relay import (
-    OtlpRelay,
-    TelemetryConfigError,
-    Upstream,
-    upstream_from,
+from hypha.accelerate_executor.platform.image_tags import (
+    GPU_VARIANTS,
+    HOST_VARIANT,
+    NVIDIA_VARIANTS,
+    VARIANTS,
 )
-from hypha.accelerate_executor.shim.reaper import shim_labels
-from hypha.accelerate_executor.shim.spec import (
+from hypha.accelerate_executor.platform.variants import BY_NAME
+from hypha.accelerate_executor.shim.container import run_container
+from hypha.accelerate_executor.shim.container_spec import (
     DEFAULT_PIDS_LIMIT,
     LABEL_JOB_ID,
     LABEL_VARIANT,
@@ -57,14 +52,19 @@ from hypha.accelerate_executor.shim.spec import (
     default_shm_size,
     launcher_args,
 )
-from hypha.accelerate_executor.shim.variants import (
-    GPU_VARIANTS,
-    HOST_VARIANT,
-    NVIDIA_VARIANTS,
-    VARIANTS,
+from hypha.accelerate_executor.shim.engine import connect, find_image, root_cause
+from hypha.accelerate_executor.shim.jobfile import write_job_file
+from hypha.accelerate_executor.shim.mount_source import host_work_dir
+from hypha.accelerate_executor.shim.mps_bundle import run_bundle
+from hypha.accelerate_executor.shim.otlp_relay import (
+    OtlpRelay,
+    TelemetryConfigError,
+    Upstream,
+    upstream_from,
 )
+from hypha.accelerate_executor.shim.reaper import shim_labels
+from hypha.accelerate_executor.spec.job import Ambiguous, job_bytes, parse_any_job_bytes
 from hypha.accelerate_executor.supervisor import Interrupts
-from hypha.accelerate_executor.variants import BY_NAME
 
 PROG = "hypha-accelerate run"
 _SIZE = re.compile(r"\d+(\.\d+)?[bkmgBKMG]?")

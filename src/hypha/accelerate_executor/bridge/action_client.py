@@ -1,0 +1,177 @@
+"""The Job Bridge as action-era workers serve it (docs/protocol-actions.md section 2), and the
+probe that tells the two generations apart.
+
+Beside alpha.17's fetch (unchanged, BridgeClient's): `POST /action/update` reports a status
+and returns the next action; `POST /resources/send` returns once every target has the bytes
+and always carries `remove_file`; `POST /resources/receive` waits for one file until an
+absolute deadline and answers it as JSON, or 204 when none came. An `EarlyReceive` is such
+a receive opened on a thread of its own before the action that wants its file arrives.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from hypha.accelerate_executor.bridge.actions import (
+    Action,
+    Status,
+    parse_action_response,
+    system_time,
+)
+from hypha.accelerate_executor.bridge.client import (
+    FETCH_TIMEOUT_S,
+    REQUEST_TIMEOUT_S,
+    BridgeClient,
+    ReceivedFile,
+    _UnixHTTPConnection,
+    json_body,
+    raise_for,
+    reaching,
+)
+from hypha.accelerate_executor.errors import BridgeError
+from hypha.accelerate_executor.spec.job import ActionPeersReference, Generation
+
+ACTION_ROUTE = "/action/update"
+# Beyond a receive's deadline: how long the bridge may take to say 204.
+RECEIVE_SLACK_S = 30.0
+# The probe's whole budget: a bridge that does not answer it in this long answers nothing.
+PROBE_TIMEOUT_S = 10.0
+# How long an early receive may take to put its request on the bridge's socket (EarlyReceive).
+SENT_WAIT_S = 10.0
+
+
+def probe_generation(socket_path: Path) -> Generation | None:
+    """Which generation the bridge serves, asked without side effects: `POST /action/update`
+    with `{}`, a body no bridge accepts, so nothing reaches a scheduler. An action-era bridge
+    refuses it (422, its JSON extractor), an alpha.17 one has no such route (404). None when
+    the answer says neither, or the bridge cannot be reached."""
+    connection = _UnixHTTPConnection(socket_path, PROBE_TIMEOUT_S)
+    try:
+        connection.request(
+            "POST", ACTION_ROUTE, body=b"{}", headers={"Content-Type": "application/json"}
+        )
+        response = connection.getresponse()
+        response.read()
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        connection.close()
+    return {422: "actions", 404: "alpha17"}.get(response.status)  # type: ignore[return-value]
+
+
+def _wire(reference: ActionPeersReference) -> dict[str, Any]:
+    return reference.model_dump(mode="json", by_alias=True)
+
+
+class ActionBridgeClient(BridgeClient):
+    def __init__(self, socket_path: Path, work_dir: Path, job_id: str) -> None:
+        super().__init__(socket_path, work_dir)
+        self.job_id = job_id
+
+    def update(self, status: Status) -> Action:
+        """Reports `status`; returns the scheduler's next action."""
+        answer = self._post_json(ACTION_ROUTE, status.wire(self.job_id), REQUEST_TIMEOUT_S)
+        return parse_action_response(answer, self.job_id)
+
+    def send_file(
+        self, reference: ActionPeersReference, relative_path: str, remove_file: bool
+    ) -> None:
+        """Sends a file to the peers and returns once they all have it; the bridge deletes
+        it afterwards when `remove_file`."""
+        body = {"resource": _wire(reference), "path": relative_path, "remove_file": remove_file}
+        # A model-sized file crosses the network before the answer comes.
+        self._post_json("/resources/send", body, FETCH_TIMEOUT_S)
+
+    def receive_one(
+        self,
+        reference: ActionPeersReference,
+        relative_dir: str,
+        deadline: float,
+        sent: threading.Event | None = None,
+    ) -> ReceivedFile | None:
+        """Waits until `deadline` (seconds since the epoch) for one file from the peers;
+        None when none came. A deadline already past is never sent: upstream's bridge takes
+        it for no deadline at all and would wait for ever. `sent` is set once the request
+        is on the bridge's socket."""
+        if deadline <= time.time():
+            return None
+        route = "/resources/receive"
+        body = json_body(
+            {"resource": _wire(reference), "path": relative_dir, "timeout": system_time(deadline)}
+        )
+        timeout = deadline - time.time() + RECEIVE_SLACK_S
+        with reaching(self.socket_path, route, timeout):
+            status, data = self._round_trip(route, body, timeout, sent)
+        if status == 204:
+            return None
+        if status != 200:
+            raise_for(route, status, data)
+        try:
+            entry = json.loads(data)
+        except ValueError:
+            raise BridgeError(route, 200, "bad_answer", "the answer is not JSON") from None
+        return self._received(entry)
+
+
+class EarlyReceive:
+    """One `receive_one` running on a daemon thread, opened before the action that wants its
+    file: a bridge may drop a push that comes while no receive is open, and the push can come
+    before the action does (docs/protocol-actions.md, the action loop). Its file, its 204 or
+    its failure is taken with `wait` and `outcome`. Daemon: a job that ends while it waits
+    leaves without joining it (entry.exit_without_teardown)."""
+
+    def __init__(
+        self,
+        client: ActionBridgeClient,
+        reference: ActionPeersReference,
+        relative_dir: str,
+        deadline: float,
+    ) -> None:
+        self.reference = reference
+        self._done = threading.Event()
+        self._file: ReceivedFile | None = None
+        self._failure: Exception | None = None
+        self._sent = threading.Event()
+        self._thread = threading.Thread(
+            target=self._receive,
+            args=(client, relative_dir, deadline),
+            name="early-receive",
+            daemon=True,
+        )
+        self._thread.start()
+        # Back only once the request is on the bridge's socket: the caller reports next what
+        # makes the push come, and a thread not yet scheduled (seen on a loaded machine) had
+        # opened nothing when the push came. Bounded: a bridge that never takes the request
+        # fails the receive, or its apply-update, later.
+        deadline_sent = time.monotonic() + SENT_WAIT_S
+        while not self._sent.wait(0.05) and not self._done.is_set():
+            if time.monotonic() > deadline_sent:
+                break
+
+    def _receive(self, client: ActionBridgeClient, relative_dir: str, deadline: float) -> None:
+        try:
+            self._file = client.receive_one(self.reference, relative_dir, deadline, self._sent)
+        except Exception as exc:  # raised again where the outcome is taken
+            self._failure = exc
+        finally:
+            self._done.set()
+
+    def wait(self, deadline: float) -> bool:
+        """Whether it has ended by `deadline` (seconds since the epoch)."""
+        return self._done.wait(max(0.0, deadline - time.time()))
+
+    def ended_without_file(self) -> bool:
+        """Ended with a 204 or a failure: nothing of it is left to take."""
+        return self._done.is_set() and self._file is None
+
+    def outcome(self) -> ReceivedFile | None:
+        """Once ended: its file, None for a 204; what the receive raised, raised again."""
+        assert self._done.is_set()
+        if self._failure is not None:
+            raise self._failure
+        return self._file

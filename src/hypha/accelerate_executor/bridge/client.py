@@ -1,0 +1,323 @@
+"""Client of the worker's Job Bridge: HTTP/1.1 over the Unix socket in WORK_DIR.
+
+Every path the bridge hands back is checked against the work dir before it is used, and
+every scheduler answer is parsed here, once, into one of the typed values below.
+A bridge that cannot be reached, or that closes the update stream, raises
+BridgeGoneError: the executor's cue to exit, since the worker has stopped the job.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import select
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+from hypha.accelerate_executor.bridge.http_wire import connect_unix
+from hypha.accelerate_executor.bridge.paths import resolve_in_work_dir
+from hypha.accelerate_executor.errors import BridgeError, BridgeGoneError, SchedulerError
+from hypha.accelerate_executor.spec.job import PeersReference, Reference
+
+# The bridge writes `: keepalive` every 5 s; three missed in a row means it is gone.
+STREAM_SILENCE_LIMIT_S = 15.0
+REQUEST_TIMEOUT_S = 60.0
+# A fetch downloads model weights: allow it time, but never forever.
+FETCH_TIMEOUT_S = 3600.0
+# A connection idle for longer is not reused (see BridgeClient._acquire); well under any
+# server's idle timeout, well over a training step.
+REUSE_IDLE_S = 2.0
+STATUS_ROUTE = "/status/send"
+
+_CONNECTION_LOST = (ConnectionError, FileNotFoundError, http.client.RemoteDisconnected)
+
+
+@dataclass(frozen=True)
+class Ok:
+    """To `update` and `metrics`."""
+
+
+@dataclass(frozen=True)
+class Continue:
+    """To `status`: train on; to `update-received`: the next round."""
+
+
+@dataclass(frozen=True)
+class ScheduleUpdate:
+    """To `status`: train `counter` more batches after those counted, then synchronise."""
+
+    counter: int
+
+
+@dataclass(frozen=True)
+class Done:
+    """The job is over."""
+
+
+@dataclass(frozen=True)
+class Error:
+    """The scheduler refused the message (a `status` while an update is in flight)."""
+
+
+SchedulerAnswer = Ok | Continue | ScheduleUpdate | Done | Error
+_ANSWERS: dict[str, SchedulerAnswer] = {
+    "Ok": Ok(),
+    "Continue": Continue(),
+    "Done": Done(),
+    "Error": Error(),
+}
+
+
+def parse_answer(value: Any) -> SchedulerAnswer:
+    """The scheduler's answer (`{"type": ...}`, docs/protocol.md section 5) as a typed value."""
+    if not isinstance(value, dict):
+        raise BridgeError(STATUS_ROUTE, 200, "bad_answer", f"not a scheduler answer: {value!r}")
+    kind = value.get("type")
+    if kind == "ScheduleUpdate":
+        counter = value.get("counter")
+        if type(counter) is not int or counter < 0:  # a u32 in Hypha's scheduler
+            raise SchedulerError(f"the scheduler's ScheduleUpdate has no valid counter: {value!r}")
+        return ScheduleUpdate(counter)
+    answer = _ANSWERS.get(kind) if isinstance(kind, str) else None
+    if answer is None:
+        raise SchedulerError(f"the scheduler answered something unknown: {value!r}")
+    return answer
+
+
+def expect(answer: SchedulerAnswer, *allowed: type[SchedulerAnswer], sent: str) -> None:
+    """SchedulerError unless `answer` is of one of the `allowed` kinds."""
+    if not isinstance(answer, allowed):
+        raise SchedulerError(
+            f"the scheduler answered {type(answer).__name__!r} to {sent!r}; expected "
+            f"{' or '.join(kind.__name__ for kind in allowed)}"
+        )
+
+
+@dataclass(frozen=True)
+class BridgeFile:
+    """A file the bridge placed in the work dir."""
+
+    path: Path  # absolute, checked to lie inside the work dir
+    size: int
+
+
+@dataclass(frozen=True)
+class ReceivedFile(BridgeFile):
+    from_peer: str
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, socket_path: Path, timeout: float) -> None:
+        super().__init__("hypha", timeout=timeout)
+        self._socket_path = socket_path
+
+    def connect(self) -> None:
+        self.sock = connect_unix(self._socket_path, self.timeout or REQUEST_TIMEOUT_S)
+
+
+def idle_connection_is_spent(sock: socket.socket) -> bool:
+    """True when an idle kept-alive connection has something to read: the server closed it
+    (or sent what nobody asked for), so it cannot carry another request."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+def json_body(payload: Any) -> bytes:
+    # allow_nan=False: the bridge refuses NaN/Infinity, better to fail here, clearly.
+    return json.dumps(payload, allow_nan=False).encode()
+
+
+@contextmanager
+def reaching(
+    socket_path: Path, during: str, timeout: float, streaming: bool = False
+) -> Iterator[None]:
+    """Turns every way of losing the bridge during a request (or the update stream) into
+    one BridgeGoneError."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise BridgeGoneError(f"the bridge socket {socket_path} does not exist") from None
+    except ConnectionRefusedError:
+        raise BridgeGoneError(f"the bridge at {socket_path} refused the connection") from None
+    except TimeoutError:
+        silence = (
+            f"sent nothing on {during} for" if streaming else f"did not answer {during} within"
+        )
+        raise BridgeGoneError(f"the bridge {silence} {timeout:.0f} s") from None
+    except _CONNECTION_LOST as exc:
+        raise BridgeGoneError(f"lost the bridge during {during}: {exc}") from None
+
+
+def raise_for(route: str, status: int, data: bytes) -> NoReturn:
+    """BridgeError for an answer that is not a 200, with the bridge's own words."""
+    text = data.decode("utf-8", "replace").strip()
+    try:
+        answer = json.loads(text)
+        error, detail = str(answer["error"]), str(answer.get("detail", ""))
+    except (ValueError, KeyError, TypeError):
+        error, detail = "http_error", text  # 413/415/422 answers are plain text
+    raise BridgeError(route, status, error, " ".join(detail.split()))
+
+
+def _wire(reference: Reference) -> dict[str, Any]:
+    return reference.model_dump(mode="json", by_alias=True)
+
+
+class BridgeClient:
+    def __init__(self, socket_path: Path, work_dir: Path) -> None:
+        self.socket_path = socket_path
+        self.work_dir = work_dir
+        self._idle: list[tuple[_UnixHTTPConnection, float]] = []  # with when it went idle
+        self._idle_lock = threading.Lock()
+
+    def fetch(self, reference: Reference) -> list[BridgeFile]:
+        """Asks the bridge to place the referenced files under artifacts/; returns them."""
+        answer = self._post_json("/resources/fetch", _wire(reference), FETCH_TIMEOUT_S)
+        if not isinstance(answer, list):
+            raise BridgeError("/resources/fetch", 200, "bad_answer", "expected a list of files")
+        return [self._file(entry) for entry in answer]
+
+    def send(self, reference: PeersReference, relative_path: str) -> None:
+        """Hands a file to the bridge for the peers. It is sent after this returns:
+        the caller must not touch the file again."""
+        body = {"resource": _wire(reference), "path": relative_path}
+        self._post_json("/resources/send", body, REQUEST_TIMEOUT_S)
+
+    def status(self, progress: Any) -> SchedulerAnswer:
+        """Sends a Progress message; returns the scheduler's answer. (The statuses of the
+        batches go out through progress.StatusReporter, which does not wait for answers.)"""
+        return parse_answer(self._post_json(STATUS_ROUTE, progress, REQUEST_TIMEOUT_S))
+
+    def receive(
+        self, reference: PeersReference, relative_dir: str = "incoming"
+    ) -> Iterator[ReceivedFile]:
+        """Opens the job's one receive stream now; the iterator yields each file a peer pushes.
+
+        The stream is meant to stay open for the whole job: it ending, or falling silent
+        for longer than the keepalive period allows, raises BridgeGoneError.
+        """
+        route = "/resources/receive"
+        body = json.dumps({"resource": _wire(reference), "path": relative_dir}).encode()
+        connection = _UnixHTTPConnection(self.socket_path, STREAM_SILENCE_LIMIT_S)
+        try:
+            with reaching(self.socket_path, route, STREAM_SILENCE_LIMIT_S):
+                response = self._exchange(connection, route, body)
+                if response.status != 200:
+                    raise_for(route, response.status, response.read())
+        except BaseException:
+            connection.close()
+            raise
+        return self._events(connection, response)
+
+    def _events(
+        self, connection: _UnixHTTPConnection, response: http.client.HTTPResponse
+    ) -> Iterator[ReceivedFile]:
+        try:
+            with reaching(
+                self.socket_path, "the update stream", STREAM_SILENCE_LIMIT_S, streaming=True
+            ):
+                data_lines: list[str] = []
+                while True:
+                    raw = response.readline()
+                    if not raw:
+                        raise BridgeGoneError("the bridge closed the update stream")
+                    line = raw.decode("utf-8").rstrip("\r\n")
+                    if line.startswith("data:"):
+                        data_lines.append(line[5:].removeprefix(" "))
+                    elif not line and data_lines:
+                        yield self._received(json.loads("\n".join(data_lines)))
+                        data_lines = []
+                    # Comments (`: keepalive`) and other SSE fields carry nothing for us.
+        finally:
+            connection.close()
+
+    def _file(self, entry: Any) -> BridgeFile:
+        path, size = self._checked_entry(entry)
+        return BridgeFile(path, size)
+
+    def _received(self, entry: Any) -> ReceivedFile:
+        path, size = self._checked_entry(entry)
+        return ReceivedFile(path, size, str(entry.get("from_peer", "")))
+
+    def _checked_entry(self, entry: Any) -> tuple[Path, int]:
+        if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+            raise BridgeError("bridge", 200, "bad_answer", f"not a file entry: {entry!r}")
+        return resolve_in_work_dir(self.work_dir, entry["path"]), int(entry.get("size", 0))
+
+    def _post_json(self, route: str, payload: Any, timeout: float) -> Any:
+        body = json_body(payload)
+        with reaching(self.socket_path, route, timeout):
+            status, data = self._round_trip(route, body, timeout)
+        if status != 200:
+            raise_for(route, status, data)
+        return json.loads(data) if data.strip() else None
+
+    def _round_trip(
+        self, route: str, body: bytes, timeout: float, sent: threading.Event | None = None
+    ) -> tuple[int, bytes]:
+        """One request on a kept-alive connection: a `status` goes out after every batch,
+        and a new connection each time costs the bridge more than answering it. Hand-written
+        on http.client: the executor image has no urllib3 (nor requests, nor httpx). `sent`
+        is set once the request is on the socket, before its answer is awaited."""
+        connection, reused = self._acquire(timeout)
+        headers = {"Content-Type": "application/json"}
+        try:
+            try:
+                connection.request("POST", route, body=body, headers=headers)
+            except _CONNECTION_LOST:
+                if not reused:
+                    raise
+                # The bridge closed the idle connection just before this request went out (a
+                # Unix socket refuses the write at once), so it never read it: sent again,
+                # once, on a new connection. Never after the request went out: a `send` or a
+                # `status` the bridge may have acted on must not reach it twice.
+                connection.close()
+                connection = _UnixHTTPConnection(self.socket_path, timeout)
+                connection.request("POST", route, body=body, headers=headers)
+            if sent is not None:
+                sent.set()
+            response = connection.getresponse()
+            data = response.read()
+        except BaseException:
+            connection.close()
+            raise
+        # http.client drops the socket itself when the bridge said it would close.
+        if connection.sock is not None:
+            with self._idle_lock:
+                self._idle.append((connection, time.monotonic()))
+        return response.status, data
+
+    def _acquire(self, timeout: float) -> tuple[_UnixHTTPConnection, bool]:
+        """A recently used connection the bridge has not closed, or a new one; and which it is.
+
+        Only recent ones: a server closes connections that have been idle for a while, and
+        one closing just as a request arrives leaves it unknown whether the request was acted
+        on, so it could not be sent again. Statuses come every step; rounds are far apart."""
+        while True:
+            with self._idle_lock:
+                connection, idle_since = self._idle.pop() if self._idle else (None, 0.0)
+            if connection is None:
+                return _UnixHTTPConnection(self.socket_path, timeout), False
+            recent = time.monotonic() - idle_since < REUSE_IDLE_S
+            if (
+                recent
+                and connection.sock is not None
+                and not idle_connection_is_spent(connection.sock)
+            ):
+                connection.sock.settimeout(timeout)
+                return connection, True
+            connection.close()
+
+    @staticmethod
+    def _exchange(
+        connection: _UnixHTTPConnection, route: str, body: bytes
+    ) -> http.client.HTTPResponse:
+        connection.request("POST", route, body=body, headers={"Content-Type": "application/json"})
+        return connection.getresponse()

@@ -1,0 +1,198 @@
+"""Talking to the scheduler without stalling the training step (rank 0 only).
+
+StatusReporter sends one `status` per trained batch, carrying that batch's samples, as soon
+as the batch is done. The real scheduler takes the time between two statuses as the time of
+one batch, and a Hypha worker forwards each status over the network (20-100 ms for an
+answer): so each status in flight has a connection of its own (a kept-alive one whose last
+answer has been read, or a new one), and none is queued behind another's answer. All of it
+runs on the training thread, without waiting: a request is written whole at once (a Unix
+socket takes a hundred bytes without blocking), and the step loop reads whichever answers
+have arrived. No sender threads, so nothing competes with the step for the interpreter;
+bench/step_overhead.py measures what a status costs a step. UpdateInbox holds the job's one
+receive stream open from start to end and queues the files the parameter server pushes.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import select
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+from hypha.accelerate_executor.bridge.client import (
+    REQUEST_TIMEOUT_S,
+    REUSE_IDLE_S,
+    STATUS_ROUTE,
+    BridgeClient,
+    ReceivedFile,
+    SchedulerAnswer,
+    idle_connection_is_spent,
+    json_body,
+    parse_answer,
+    raise_for,
+    reaching,
+)
+from hypha.accelerate_executor.bridge.http_wire import ResponseReader, connect_unix, post_request
+from hypha.accelerate_executor.errors import BridgeError, BridgeGoneError, ExecutorError
+from hypha.accelerate_executor.spec.job import PeersReference
+
+# A bridge this far behind is not answering: the next status waits for the oldest answer.
+MAX_IN_FLIGHT = 64
+
+
+@dataclass(frozen=True)
+class StatusAnswer:
+    answer: SchedulerAnswer
+    batch: int  # the job-wide number of the batch whose status it answers
+    # The highest batch answered when this answer came, itself included: concurrent statuses
+    # may reach the scheduler out of order, and it answers each counting all it has seen.
+    seen: int
+
+
+@dataclass
+class _InFlight:
+    sock: socket.socket
+    batch: int
+    deadline: float  # time.monotonic() by which its answer must have come
+    reader: ResponseReader
+
+
+class StatusReporter:
+    def __init__(self, bridge: BridgeClient) -> None:
+        self._socket_path = bridge.socket_path
+        self._idle: list[tuple[socket.socket, float]] = []  # with when it went idle
+        self._in_flight: dict[int, _InFlight] = {}  # by file descriptor, in the order sent
+        self._poller = select.poll()
+        self._answers: list[StatusAnswer] = []
+        self._seen = 0
+        self._requests: dict[int, bytes] = {}  # by samples
+
+    def batch_done(self, batch: int, samples: int) -> None:
+        """Sends the status of batch number `batch` (1, 2, 3, ... over the job); does not
+        wait for its answer. Statuses go out in the order of the calls."""
+        if len(self._in_flight) >= MAX_IN_FLIGHT:
+            self._read(wait=True, while_at_least=MAX_IN_FLIGHT)
+        request = self._requests.get(samples)
+        if request is None:  # made once: every batch reports the job's batch size
+            request = post_request(STATUS_ROUTE, json_body({"status": {"batch_size": samples}}))
+            self._requests[samples] = request
+        with reaching(self._socket_path, STATUS_ROUTE, REQUEST_TIMEOUT_S):
+            sock, reused = self._connection()
+            try:
+                sock.sendall(request)
+            except ConnectionError:
+                sock.close()
+                if not reused:
+                    raise
+                # The bridge closed the idle connection just before the request went out (a
+                # Unix socket refuses the write at once), so it never read it: sent again,
+                # once, on a new connection.
+                sock = connect_unix(self._socket_path, REQUEST_TIMEOUT_S)
+                sock.sendall(request)
+        deadline = time.monotonic() + REQUEST_TIMEOUT_S
+        self._in_flight[sock.fileno()] = _InFlight(sock, batch, deadline, ResponseReader())
+        self._poller.register(sock, select.POLLIN)
+
+    def answers(self) -> list[StatusAnswer]:
+        """The answers that arrived since the last call, without waiting."""
+        self._read(wait=False)
+        return self._take_answers()
+
+    def flush(self) -> list[StatusAnswer]:
+        """Waits until every status sent is answered; returns the answers."""
+        self._read(wait=True)
+        return self._take_answers()
+
+    def close(self) -> None:
+        for flight in self._in_flight.values():
+            flight.sock.close()
+        for sock, _ in self._idle:
+            sock.close()
+        self._in_flight.clear()
+        self._idle.clear()
+
+    def _connection(self) -> tuple[socket.socket, bool]:
+        """A recently used connection the bridge has not closed, or a new one; and which it
+        is (see BridgeClient._acquire for why only recent ones)."""
+        while self._idle:
+            sock, idle_since = self._idle.pop()
+            if time.monotonic() - idle_since < REUSE_IDLE_S and not idle_connection_is_spent(sock):
+                return sock, True
+            sock.close()
+        return connect_unix(self._socket_path, REQUEST_TIMEOUT_S), False
+
+    def _read(self, wait: bool, while_at_least: int = 1) -> None:
+        """Reads the answers that have arrived; with `wait`, goes on waiting for answers as
+        long as `while_at_least` statuses or more are in flight. TimeoutError once the
+        oldest status in flight has waited REQUEST_TIMEOUT_S."""
+        with reaching(self._socket_path, STATUS_ROUTE, REQUEST_TIMEOUT_S):
+            while self._in_flight:
+                oldest = next(iter(self._in_flight.values())).deadline
+                wait_ms = max(0.0, oldest - time.monotonic()) * 1e3 if wait else 0.0
+                for fd, _ in self._poller.poll(wait_ms):
+                    self._take_readable(self._in_flight[fd])
+                if self._in_flight and next(iter(self._in_flight.values())).deadline <= (
+                    time.monotonic()
+                ):
+                    raise TimeoutError
+                if not wait or len(self._in_flight) < while_at_least:
+                    return
+
+    def _take_readable(self, flight: _InFlight) -> None:
+        try:
+            response = flight.reader.feed(flight.sock.recv(65536))
+        except ValueError as exc:  # not HTTP: whatever is on the socket, it is not the bridge
+            raise BridgeError(STATUS_ROUTE, 0, "bad_http", str(exc)) from None
+        if response is None:
+            return
+        self._poller.unregister(flight.sock)
+        del self._in_flight[flight.sock.fileno()]
+        if response.keep_alive:
+            self._idle.append((flight.sock, time.monotonic()))
+        else:
+            flight.sock.close()
+        if response.status != 200:
+            raise_for(STATUS_ROUTE, response.status, response.body)
+        try:
+            answer = parse_answer(json.loads(response.body))
+        except ValueError:
+            raise BridgeError(STATUS_ROUTE, 200, "bad_answer", "not JSON") from None
+        self._seen = max(self._seen, flight.batch)
+        self._answers.append(StatusAnswer(answer, flight.batch, self._seen))
+
+    def _take_answers(self) -> list[StatusAnswer]:
+        answers, self._answers = self._answers, []
+        return answers  # in the order they came
+
+
+class UpdateInbox:
+    def __init__(self, bridge: BridgeClient, results: PeersReference) -> None:
+        self._accepted_peers = set(results.peers)  # empty: any peer
+        self._files: queue.SimpleQueue[ReceivedFile | ExecutorError] = queue.SimpleQueue()
+        self._stream = bridge.receive(results)
+        threading.Thread(target=self._read_loop, name="hypha-receive", daemon=True).start()
+
+    def next_update(self) -> ReceivedFile:
+        """Blocks until the parameter server pushes a file; BridgeGoneError if the stream ends."""
+        while True:
+            try:
+                item = self._files.get(timeout=1.0)  # wake up now and then so SIGTERM is seen
+                break
+            except queue.Empty:
+                continue
+        if isinstance(item, ExecutorError):
+            raise item
+        return item
+
+    def _read_loop(self) -> None:
+        try:
+            for received in self._stream:
+                if not self._accepted_peers or received.from_peer in self._accepted_peers:
+                    self._files.put(received)
+        except ExecutorError as exc:
+            self._files.put(exc)
+        except Exception as exc:  # a malformed event must still wake the waiting loop
+            self._files.put(BridgeGoneError(f"the update stream broke: {exc}"))

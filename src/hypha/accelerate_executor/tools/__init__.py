@@ -1,0 +1,1 @@
+"""Operator tools: doctor, worker-config, build, publish, selftest."""

@@ -1,0 +1,404 @@
+"""The action protocol's training loop (docs/protocol-actions.md): report a status, do the
+action the scheduler answers with, report what came of it, until `terminate`.
+
+    joined -> idle | wait-for-model
+    execute-batch{n}      train n batches (n may be 0)          -> batch-completed{batch_size, n}
+    send-update{t, w}     send w x (theta_local - theta_global) -> sent-update{round, metrics}
+    apply-update{s, d}    theta_global += u, load it            -> applied-update
+    idle{d}               wait until d                          -> idle
+    wait-for-model{d}     wait until d                          -> waited-for-model
+    receive-model{s, d}   theta_global = a peer's, load it      -> received-model
+    send-model{t}         send a copy of theta_global           -> sent-model
+    push-to-hub           not possible here (no network)        -> error{other}
+    terminate             exit 0
+
+A bridge that refuses or a peer that sends nothing in time becomes `error{connection}`, any
+other failure of an action `error{other}`; the scheduler decides what follows (idle, or
+terminate). The bridge disappearing ends the executor: the worker has stopped the job.
+
+Only rank 0 talks to the bridge. It shares each action with every rank, every rank takes
+part in the action's collectives (the steps, gathering the weights, loading them), and
+rank 0 shares whether its own part (a send, a receive) worked before the others load
+anything.
+
+Never a lost update: a bridge may drop a push that no open receive takes, and the
+parameter server can push the aggregate before `apply-update` reaches us. So rank 0 opens
+its receive from the send's target right after sending an update, before `sent-update` can
+lead to the push (an EarlyReceive), and `apply-update` takes the file from it. A
+`receive-model`'s source is named only by the action itself, so that receive opens then.
+
+Never a stale status: each action is answered with the status of what it did, so a sample
+is reported once (upstream resends its previous status after `execute-batch{0}`).
+
+Never an idle device while the scheduler decides (speculative.py): after a status that
+usually leads to a batch, the next batch's gradient is computed while the status is on its
+way, and stepped on when the answer is `execute-batch`, dropped when not.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hypha.accelerate_executor import telemetry
+from hypha.accelerate_executor.bridge.actions import (
+    APPLIED_UPDATE,
+    IDLE,
+    JOINED,
+    RECEIVED_MODEL,
+    SENT_MODEL,
+    WAITED_FOR_MODEL,
+    Action,
+    ApplyUpdate,
+    ExecuteBatch,
+    Idle,
+    PushToHub,
+    ReceiveModel,
+    SendModel,
+    SendUpdate,
+    Status,
+    Terminate,
+    WaitForModel,
+    batch_completed,
+    error_status,
+    sent_update,
+)
+from hypha.accelerate_executor.errors import BridgeError, ExecutorError
+from hypha.accelerate_executor.spec.job import ActionJob, ActionPeersReference, Strategy
+from hypha.accelerate_executor.training.workbench import Workbench
+
+if TYPE_CHECKING:
+    import torch
+
+    from hypha.accelerate_executor.bridge.action_client import ActionBridgeClient, EarlyReceive
+    from hypha.accelerate_executor.bridge.client import ReceivedFile
+    from hypha.accelerate_executor.training.data import Batch
+    from hypha.accelerate_executor.training.diloco import GlobalWeights
+    from hypha.accelerate_executor.training.speculative import SpeculativeStep
+
+# The RFC's minimum loop time: an action that trains nothing (idle, waiting, execute-batch{0})
+# is not answered sooner than this after the previous status, so a scheduler that answers at
+# once is not asked again in a tight loop. Batches that train are reported at once.
+MIN_LOOP_S = 0.1
+RECEIVE_DIR = "incoming"
+# How long the receive opened after a send stays open: the aggregate comes once the round's
+# slowest peer has sent too, which can be a whole window of training after us. An open
+# receive costs nothing while it waits; when it ends empty, `apply-update` opens its own.
+EARLY_RECEIVE_S = 3600.0
+# Statuses after which the scheduler usually answers `execute-batch`: the next batch's
+# gradient is computed while they are on their way. Each is the status of an action every
+# rank reports alike, so every rank decides the same.
+BEFORE_A_BATCH = frozenset({"batch-completed", "applied-update", "received-model"})
+
+
+@dataclass
+class _Window:
+    """What was trained since the last sent update: the numbers `sent-update` reports."""
+
+    batches: int = 0
+    # From asking to having trained, summed over the actions that trained: the scheduler's
+    # round trips count, since the worker waits for them (as alpha.17's statuses count).
+    seconds: float = 0.0
+    loss_sum: torch.Tensor | None = None
+
+
+class ActionTrainer(Workbench):
+    job: ActionJob
+    client: ActionBridgeClient | None  # rank 0's bridge, as the action client it is
+    global_weights: GlobalWeights
+
+    def __init__(
+        self,
+        job: ActionJob,
+        socket_path: Path,
+        work_dir: Path,
+        pseudo_gradient_dtype: str,
+        micro_batch_size: int | None = None,
+        trust_remote_code: bool = False,
+        speculative_step: bool = True,
+    ) -> None:
+        import torch
+
+        from hypha.accelerate_executor.bridge.action_client import ActionBridgeClient
+        from hypha.accelerate_executor.training.diloco import GlobalWeights
+        from hypha.accelerate_executor.training.speculative import SpeculativeStep, cannot_drop
+
+        self.client = None
+
+        def make_bridge() -> ActionBridgeClient:
+            self.client = ActionBridgeClient(socket_path, work_dir, job.job_id)
+            return self.client
+
+        super().__init__(job, make_bridge, work_dir, micro_batch_size, trust_remote_code)
+        self.work_dir = work_dir
+        self.dtype = getattr(torch, pseudo_gradient_dtype)
+        self.global_weights = GlobalWeights(self.weights.gather())  # a collective
+        self.round = 0  # updates applied (a received model counts as the round it joined)
+        self.updates_sent = 0
+        self.models_sent = 0
+        self.window = _Window()
+        self.early: EarlyReceive | None = None  # rank 0's receive opened after a send
+        self.said_lr_multiplier = False
+        self.ahead: SpeculativeStep | None = None
+        self.speculation_note = "speculative step off, as asked: each action is awaited"
+        if speculative_step and (why := cannot_drop(self.accelerator)) is not None:
+            self.speculation_note = f"speculative step off: {why}; each action is awaited"
+        elif speculative_step:
+            self.speculation_note = "speculative step on"
+            self.ahead = SpeculativeStep(
+                self.step, self.model, self.accelerator.device, super().next_batch
+            )
+
+    # The loop.
+
+    def run(self) -> None:
+        self.announce("action protocol")
+        self.say(self.speculation_note)
+        status: Status | None = JOINED
+        last_report = time.monotonic()
+        finished = False
+        try:
+            while status is not None:
+                action = self.ranks.share(self._ask_and_compute(status))
+                if self.ahead is not None:
+                    self.ahead.settle(isinstance(action, ExecuteBatch) and action.batches > 0)
+                started = time.monotonic()
+                status = self.perform(action, last_report)
+                last_report = time.monotonic() if status is not None else started
+            tally = "" if self.ahead is None else f"; {self.ahead.tally()}"
+            self.say(f"terminated by the scheduler after {self.round} round(s){tally}")
+            finished = True
+        finally:
+            # As in training.Trainer.run: the process leaves without the interpreter's join
+            # of our threads, so a finished job lets the slice fetch in flight end first.
+            self.data.close(wait=finished)
+            if self.ahead is not None:
+                self.ahead.close()
+        self.ranks.finish()
+
+    def _ask_and_compute(self, status: Status) -> Action | None:
+        """Rank 0's answer to `status` (None on the others), the next batch's gradient
+        computed meanwhile on every rank where that is worth it."""
+        if self.ahead is not None and status.state in BEFORE_A_BATCH:
+            return self.ahead.while_computing(lambda: self._ask(status))
+        return self._ask(status)
+
+    def _ask(self, status: Status) -> Action | None:
+        return self.client.update(status) if self.client is not None else None
+
+    def perform(self, action: Action | None, last_report: float) -> Status | None:
+        """Does `action` on every rank; rank 0's status of it, or None at `terminate`."""
+        match action:
+            case ExecuteBatch(batches=batches, lr_multiplier=multiplier):
+                return self.execute_batches(batches, multiplier, last_report)
+            case SendUpdate(target=target, weight=weight):
+                return self.send_update(target, weight)
+            case ApplyUpdate(source=source, deadline=deadline):
+                return self.apply_update(source, deadline)
+            case Idle(deadline=deadline):
+                self.wait_until(deadline, last_report)
+                return IDLE
+            case WaitForModel(deadline=deadline):
+                self.wait_until(deadline, last_report)
+                return WAITED_FOR_MODEL
+            case ReceiveModel(source=source, deadline=deadline):
+                return self.receive_model(source, deadline)
+            case SendModel(target=target):
+                return self.send_model(target)
+            case PushToHub():
+                # The executor's container has no network, and a token must not reach it.
+                return error_status(
+                    "other", "push-to-hub is not supported: the executor has no network"
+                )
+            case Terminate():
+                return None
+        raise AssertionError(f"no action on rank {self.ranks.index}")  # share() gave None
+
+    # Actions.
+
+    def execute_batches(
+        self, batches: int, lr_multiplier: float | None, last_report: float
+    ) -> Status:
+        import torch
+
+        if lr_multiplier is not None and not self.said_lr_multiplier:
+            self.said_lr_multiplier = True
+            self.say(
+                f"note: execute-batch carries lr_multiplier {lr_multiplier:g}, an older form; "
+                "its batch is trained at the job's own learning rate"
+            )
+        if batches == 0:
+            self.wait_until(0.0, last_report)
+        for _ in range(batches):
+            loss = self.ahead.stepped() if self.ahead is not None else None
+            if loss is None:
+                loss = self.step(self.next_batch())
+            self.lr_schedule.step()
+            if self.window.loss_sum is None:
+                self.window.loss_sum = torch.zeros((), device=self.accelerator.device)
+            self.window.loss_sum += loss
+            self.window.batches += 1
+        if batches:
+            self.window.seconds += time.monotonic() - last_report
+        return batch_completed(self.job.config.batch_size, batches)
+
+    def send_update(self, target: ActionPeersReference, weight: float) -> Status:
+        """weight x (theta_local - theta_global) to the target; the model trains on as it is
+        (an update may never be applied to it: a late joiner's first send)."""
+        local = self.weights.gather()  # a collective
+        loss = self._window_loss()  # a collective too
+        window, self.window = self.window, _Window()
+        if self.client is None:
+            return IDLE  # only rank 0's status is sent
+        relative = f"pseudo-gradients/update-{self.updates_sent}.safetensors"
+        self.updates_sent += 1
+        size = self.global_weights.write_pseudo_gradient(
+            local, self.work_dir / relative, self.dtype, weight
+        )
+        del local
+        try:
+            self.client.send_file(target, relative, remove_file=True)
+        except BridgeError as exc:
+            return error_status("connection", f"sending the update failed: {exc}")
+        self._open_early_receive(target)  # before the status that leads to the push
+        metrics = {"batches": float(window.batches), "weight": weight}
+        if window.batches:
+            samples = window.batches * self.job.config.batch_size
+            metrics["samples_per_second"] = samples / max(window.seconds, 1e-9)
+            metrics["learning_rate"] = float(self.lr_schedule.get_last_lr()[0])
+        if loss is not None:
+            metrics["loss"] = loss
+        if (peak := self.peak_device_memory()) is not None:
+            metrics["peak_device_memory_bytes"] = float(peak)
+        figures = {"round": self.round + 1.0, **metrics, "sent_bytes": float(size)}
+        telemetry.round_ended(figures)
+        self.say(
+            f"round {self.round + 1}: loss "
+            f"{'-' if loss is None else f'{loss:.4f}'} | {window.batches} batches | "
+            f"weight {weight:.3f} | {size / 1e6:.1f} MB sent",
+            figures,
+        )
+        return sent_update(self.round, metrics)
+
+    def apply_update(self, source: ActionPeersReference, deadline: float) -> Status:
+        """theta_global += u, loaded into the model. Also after no send of ours (a
+        straggler): the local drift of the round is dropped with it."""
+        problem = None
+        if self.client is not None:
+            problem = self._receive_into(
+                source, deadline, self.global_weights.merge_update, early=True
+            )
+        problem = self.ranks.share(problem)
+        if problem is not None:
+            return problem
+        self._load_global()
+        self.round += 1
+        self.window = _Window()  # what was trained before it is gone from the model
+        return APPLIED_UPDATE
+
+    def receive_model(self, source: ActionPeersReference, deadline: float) -> Status:
+        """A late joiner's start: a peer's theta_global as the whole state."""
+        problem = None
+        if self.client is not None:
+            problem = self._receive_into(source, deadline, self.global_weights.replace_from)
+        problem = self.ranks.share(problem)
+        if problem is not None:
+            return problem
+        self._load_global()
+        self.window = _Window()
+        self.say("received the model from a peer")
+        return RECEIVED_MODEL
+
+    def send_model(self, target: ActionPeersReference) -> Status:
+        """A copy of theta_global for a late joiner: a file of its own, which the bridge
+        deletes once sent."""
+        if self.client is None:
+            return IDLE
+        relative = f"models/model-{self.models_sent}.safetensors"
+        self.models_sent += 1
+        self.global_weights.write_model(self.work_dir / relative)
+        try:
+            self.client.send_file(target, relative, remove_file=True)
+        except BridgeError as exc:
+            return error_status("connection", f"sending the model failed: {exc}")
+        return SENT_MODEL
+
+    # Parts.
+
+    def next_batch(self) -> Batch:
+        return self.ahead.next_batch() if self.ahead is not None else super().next_batch()
+
+    def wait_until(self, deadline: float, last_report: float) -> None:
+        """Until the scheduler's deadline, and at least MIN_LOOP_S after the last status."""
+        pause = max(deadline - time.time(), last_report + MIN_LOOP_S - time.monotonic())
+        if pause > 0:
+            time.sleep(pause)
+
+    def _open_early_receive(self, target: ActionPeersReference) -> None:
+        """Rank 0, after a send: a receive from every peer of the send's target (the
+        parameter servers; the one that takes the update pushes the aggregate), unless one
+        is still open or holds a file: an open receive takes the next push, so a second
+        beside it would not."""
+        from hypha.accelerate_executor.bridge.action_client import EarlyReceive
+
+        assert self.client is not None
+        if self.early is None or self.early.ended_without_file():
+            deadline = time.time() + EARLY_RECEIVE_S
+            source = target.model_copy(update={"strategy": Strategy(type="All")})
+            self.early = EarlyReceive(self.client, source, RECEIVE_DIR, deadline)
+
+    def _receive(
+        self, source: ActionPeersReference, deadline: float, early: bool
+    ) -> ReceivedFile | None:
+        """Rank 0: one file from `source` before `deadline`, None when none came; from the
+        receive opened after the send when `early` and there is one for `source`. One still
+        open at the deadline is kept for the next `apply-update`."""
+        assert self.client is not None
+        pending = self.early if early else None
+        if pending is not None and set(pending.reference.peers) <= set(source.peers):
+            if not pending.wait(deadline):
+                return None
+            self.early = None
+            if (received := pending.outcome()) is not None:
+                return received
+        return self.client.receive_one(source, RECEIVE_DIR, deadline)
+
+    def _receive_into(
+        self,
+        source: ActionPeersReference,
+        deadline: float,
+        use: Callable[[Path], int],
+        early: bool = False,
+    ) -> Status | None:
+        """Rank 0: one file from `source` before `deadline` (see `_receive`), handed to
+        `use(path)`; an error status when none came or it could not be used."""
+        try:
+            received = self._receive(source, deadline, early)
+        except BridgeError as exc:
+            return error_status("connection", f"receiving failed: {exc}")
+        if received is None:
+            return error_status("connection", "nothing arrived before the deadline")
+        try:
+            use(received.path)
+        except ExecutorError as exc:
+            return error_status("other", str(exc))
+        finally:
+            received.path.unlink(missing_ok=True)
+        return None
+
+    def _load_global(self) -> None:
+        self.weights.load(self.global_weights.tensors if self.ranks.is_main else {})
+
+    def _window_loss(self) -> float | None:
+        """The mean loss since the last sent update, over every rank's share; None when no
+        batch was trained."""
+        total = self.window.loss_sum
+        batches = self.window.batches
+        if total is None or not batches:
+            return None
+        if self.ranks.count > 1:
+            total = self.accelerator.reduce(total, reduction="sum")
+        return float(total.item()) / batches

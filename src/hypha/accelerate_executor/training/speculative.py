@@ -1,0 +1,148 @@
+"""The speculative step (docs/protocol-actions.md, "The speculative step"): the next batch's
+forward and backward run while the scheduler's answer to a status is on its way, and the
+optimizer steps on that gradient only when the answer is `execute-batch`.
+
+Every batch of the action protocol waits for a round trip to a remote scheduler; a loop that
+blocks on it leaves the device idle for the whole trip. Here the trip runs on a thread of
+its own and this thread computes meanwhile (torch releases the GIL in its kernels, and
+CUDA and accelerate stay on the thread they started on). The arithmetic is the blocking
+loop's: the gradient is computed from the same weights on the same batch, and stepped on
+exactly as `MicroBatchedStep` steps. An answer that trains nothing drops it: the gradient is
+zeroed, the random state and the model's buffers (BatchNorm's statistics) are put back as
+they were before the forward, and the batch is kept as the next one trained, so data order
+and random draws are the blocking loop's. A dropped backward has still run its gradient
+collective, on every rank alike, so the ranks stay in step.
+
+Off where a gradient cannot be dropped: DeepSpeed's engine steps inside its backward, and
+Megatron-LM's and XLA's do not run through MicroBatchedStep's backward as plain torch does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    import torch
+    from accelerate import Accelerator
+
+    from hypha.accelerate_executor.training.data import Batch
+    from hypha.accelerate_executor.training.steps import MicroBatchedStep
+
+T = TypeVar("T")
+
+SPECULATIVE_STEP_ENV = "HYPHA_SPECULATIVE_STEP"
+# Only where accelerate's backward is torch's: its own under these couples backward and step.
+_CANNOT_DROP = {
+    "DEEPSPEED": "DeepSpeed's engine steps the optimizer inside its backward",
+    "MEGATRON_LM": "Megatron-LM's engine steps the optimizer inside its own train step",
+    "XLA": "XLA's lazy graph joins the backward to the step that follows it",
+}
+
+
+def cannot_drop(accelerator: Accelerator) -> str | None:
+    """Why this accelerate configuration cannot drop a computed gradient; None when it can."""
+    return _CANNOT_DROP.get(accelerator.distributed_type.value)
+
+
+@dataclass
+class _Ahead:
+    """A gradient computed ahead: its batch and loss, and what to restore if it is dropped."""
+
+    batch: Batch
+    loss: torch.Tensor
+    rng: list[torch.Tensor]
+    buffers: list[tuple[torch.Tensor, torch.Tensor]]  # (buffer, its value before the forward)
+
+
+class SpeculativeStep:
+    def __init__(
+        self,
+        step: MicroBatchedStep,
+        model: torch.nn.Module,
+        device: torch.device,
+        next_batch: Callable[[], Batch],
+    ) -> None:
+        self._step = step
+        self._device = device
+        self._next_batch = next_batch
+        self._model = model
+        self._ahead: _Ahead | None = None
+        self._kept: Batch | None = None  # a dropped gradient's batch: the next one trained
+        self._asker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hypha-action")
+        self.used = self.dropped = 0
+
+    def while_computing(self, ask: Callable[[], T]) -> T:
+        """`ask()` on a thread while this thread computes the next batch's gradient; its
+        answer. `settle` must follow before anything else touches the model."""
+        pending = self._asker.submit(ask)
+        self._compute()
+        return pending.result()
+
+    def settle(self, trains: bool) -> None:
+        """Keeps the gradient for `stepped` when the answer `trains`; otherwise drops it."""
+        if not trains and self._ahead is not None:
+            ahead, self._ahead = self._ahead, None
+            self._step.drop()
+            self._set_rng(ahead.rng)
+            for buffer, before in ahead.buffers:
+                buffer.copy_(before)
+            self._kept = ahead.batch
+            self.dropped += 1
+
+    def stepped(self) -> torch.Tensor | None:
+        """The optimizer step on the gradient computed ahead, and its loss; None when there
+        is none."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return None
+        self._step.apply()
+        self.used += 1
+        return ahead.loss
+
+    def next_batch(self) -> Batch:
+        """The batch a dropped gradient was computed on, else the data's next."""
+        kept, self._kept = self._kept, None
+        return kept if kept is not None else self._next_batch()
+
+    def tally(self) -> str:
+        return f"{self.used} gradient(s) computed ahead used, {self.dropped} dropped"
+
+    def close(self) -> None:
+        self._asker.shutdown(wait=False)
+
+    def _compute(self) -> None:
+        assert self._ahead is None, "a gradient computed ahead was neither stepped nor dropped"
+        batch = self.next_batch()
+        rng = self._get_rng()
+        buffers = [(buffer, buffer.clone()) for buffer in self._persistent_buffers()]
+        loss = self._step.gradients(batch)
+        self._ahead = _Ahead(batch, loss, rng, buffers)
+
+    def _persistent_buffers(self) -> list[torch.Tensor]:
+        """What a forward may change besides the gradient: running statistics. Looked up
+        each time, since loading weights may replace them; non-persistent buffers (attention
+        masks) are constants."""
+        return [
+            buffer
+            for module in self._model.modules()
+            for name, buffer in module._buffers.items()
+            if buffer is not None and name not in module._non_persistent_buffers_set
+        ]
+
+    def _get_rng(self) -> list[torch.Tensor]:
+        import torch
+
+        states = [torch.get_rng_state()]
+        if self._device.type == "cuda":
+            states.append(torch.cuda.get_rng_state(self._device))
+        return states
+
+    def _set_rng(self, states: list[torch.Tensor]) -> None:
+        import torch
+
+        torch.set_rng_state(states[0])
+        if self._device.type == "cuda":
+            torch.cuda.set_rng_state(states[1], self._device)

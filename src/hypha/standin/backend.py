@@ -1,0 +1,50 @@
+"""What a Job Bridge reaches beyond itself: the contract between a bridge and its backend.
+
+The local cluster has two backends: one over the coordinator's TCP API
+(coordinator/client.py: JobBackend) and one by direct calls when the coordinator runs in the
+same process (coordinator.InProcessBackend).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, BinaryIO, Protocol, get_args
+
+from hypha.accelerate_executor.errors import ErrorKind
+
+ERROR_KINDS: tuple[ErrorKind, ...] = get_args(ErrorKind)
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """One file a fetch yields: its name under artifacts/ and the backend's handle to it."""
+
+    name: str
+    blob: str
+
+
+@dataclass(frozen=True)
+class Push:
+    """A file a peer pushed to this job; `seq` orders the pushes of one job."""
+
+    seq: int
+    from_peer: str
+    data: bytes
+
+
+class BridgeBackend(Protocol):
+    def fetch(self, reference: dict[str, Any]) -> list[RemoteFile]: ...
+
+    def download(self, blob: str, out: BinaryIO) -> None: ...
+
+    def send(self, peer: str, data: bytes) -> None: ...
+
+    def status(self, progress: Any) -> dict[str, Any]: ...
+
+    def action(self, request: dict[str, Any]) -> dict[str, Any]:
+        """An ActionRequest answered with the scheduler's ActionResponse (action protocol)."""
+        ...
+
+    def next_push(self, after: int, wait_s: float) -> Push | None:
+        """The first push with seq > after, waiting up to wait_s; None if there is none yet."""
+        ...

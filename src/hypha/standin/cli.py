@@ -1,0 +1,311 @@
+"""`hypha-accelerate local demo|coordinator|worker`.
+
+`demo` runs everything in one process; `coordinator` and `worker` are the same parts as
+separate processes (one per container in compose). Each command imports only what it
+needs: `worker` stays torch-free.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import tempfile
+from pathlib import Path
+from types import FrameType
+
+from hypha.accelerate_executor.entry import OneLineArgumentParser, run_main
+from hypha.accelerate_executor.errors import EXIT_FAILED, EXIT_OK, LocalError, UsageError
+from hypha.standin.console import say
+from hypha.standin.jobs import JOB_KINDS
+
+PROG = "hypha-accelerate local"
+
+
+def _owner(text: str) -> tuple[int, int]:
+    try:
+        uid, gid = text.split(":")
+        return int(uid), int(gid)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected UID:GID, got {text!r}") from None
+
+
+def _count_or_unset(text: str) -> int | None:
+    """An integer, or None for an empty value (compose passes unset variables as empty)."""
+    try:
+        return int(text) if text else None
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def _listen(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    try:
+        return host or "127.0.0.1", int(port)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}") from None
+
+
+def _run_options_parser() -> OneLineArgumentParser:
+    parser = OneLineArgumentParser(add_help=False)
+    run = parser.add_argument_group("run (unset options take the job's defaults)")
+    run.add_argument(
+        "--job",
+        choices=JOB_KINDS,
+        default="causal-lm",
+        help="causal-lm (tiny GPT-2, default) or lenet (the default Hypha job's shape: LeNet as "
+        "remote code, an image processor, 1000-sample slices, batch 600)",
+    )
+    run.add_argument("--workers", type=int, default=2, help="number of workers (default 2)")
+    run.add_argument(
+        "--generation",
+        choices=["alpha17", "actions"],
+        default=os.environ.get("HYPHA_LOCAL_GENERATION") or "actions",
+        help="the Hypha side to play: actions (the action protocol of the releases after "
+        "v1.0.0-alpha.17, default) or alpha17 (the statuses of v1.0.0-alpha.17 and earlier); "
+        "the workers follow the coordinator's jobs (default: $HYPHA_LOCAL_GENERATION)",
+    )
+    run.add_argument(
+        "--late-workers",
+        type=int,
+        default=0,
+        help="actions only: this many more workers, whose jobs begin after round 1 and who "
+        "get the model from a peer (default 0)",
+    )
+    run.add_argument("--rounds", type=_count_or_unset, help="DiLoCo rounds (causal-lm 4, lenet 6)")
+    run.add_argument(
+        "--steps-per-round",
+        type=_count_or_unset,
+        help="the round's sample target in batches per worker (causal-lm 30, lenet 8)",
+    )
+    run.add_argument(
+        "--samples-per-round",
+        type=int,
+        help="the round's sample target itself (upstream's avg_samples_between_updates); "
+        "default: steps-per-round x batch-size x workers",
+    )
+    run.add_argument("--batch-size", type=int, help="each worker's batch (causal-lm 8, lenet 600)")
+    run.add_argument("--lr", type=float, help="inner learning rate (causal-lm 2e-3, lenet 1e-3)")
+    run.add_argument(
+        "--lr-schedule", choices=["cosine-with-warmup", "linear-with-warmup", "constant"]
+    )
+    run.add_argument("--warmup-steps", type=int)
+    run.add_argument("--outer-lr", type=float, help="parameter server learning rate (0.7)")
+    run.add_argument(
+        "--outer-momentum",
+        type=float,
+        help="parameter server Nesterov momentum (causal-lm 0.9, lenet 0.5)",
+    )
+    run.add_argument(
+        "--out",
+        type=Path,
+        default=Path("hypha-local-out"),
+        help="where summary.json and loss.png go",
+    )
+    run.add_argument(
+        "--assets", type=Path, default=None, help="cache folder of the generated model and data"
+    )
+    run.add_argument(
+        "--timeout", type=float, default=1800.0, help="cancel the run after this many seconds"
+    )
+    return parser
+
+
+def _worker_options_parser() -> OneLineArgumentParser:
+    parser = OneLineArgumentParser(add_help=False)
+    worker = parser.add_argument_group("worker")
+    worker.add_argument(
+        "--executor",
+        default="process",
+        help="process (python -m ...training), shim (hypha-accelerate run --variant cpu), "
+        "shim:VARIANT or toml:PATH "
+        "(the first train/process [[executors]] entry of a worker TOML); default process",
+    )
+    worker.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="let the executor run a model's own code (the demo sets it for --job lenet, "
+        "whose model this project generates)",
+    )
+    worker.add_argument(
+        "--work-base",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "hypha-work",
+        help="parent of the per-job work dirs",
+    )
+    worker.add_argument(
+        "--strict-receive",
+        action="store_true",
+        help="actions only: the bridge drops a push that comes while no receive of the job is "
+        "open, as upstream's connector may, instead of keeping it for the next receive",
+    )
+    worker.add_argument(
+        "--as-user",
+        type=_owner,
+        default=None,
+        metavar="UID:GID",
+        help="as root: play a worker running as this user",
+    )
+    return parser
+
+
+def _parser() -> OneLineArgumentParser:
+    parser = OneLineArgumentParser(
+        prog=PROG,
+        description="Local stand-in for the Hypha side of the executor contract.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    run_options, worker_options = _run_options_parser(), _worker_options_parser()
+    commands.add_parser(
+        "demo",
+        parents=[run_options, worker_options],
+        help="coordinator and workers in one process; exits 0 if the loss falls",
+        description="Runs a coordinator and N workers in one process, prints each round's loss, writes "
+        "loss.png and summary.json, exits 0 only if every executor exited 0 and the final mean loss is "
+        "<= 0.6 x the first round's.",
+    )
+    coordinator = commands.add_parser(
+        "coordinator", parents=[run_options], help="the coordinator alone, for separate workers"
+    )
+    coordinator.add_argument(
+        "--listen",
+        type=_listen,
+        default=("127.0.0.1", 8000),
+        metavar="HOST:PORT",
+        help="default 127.0.0.1:8000",
+    )
+    worker = commands.add_parser(
+        "worker", parents=[worker_options], help="one worker that runs one job of a coordinator"
+    )
+    worker.add_argument(
+        "--coordinator", required=True, metavar="URL", help="e.g. http://coordinator:8000"
+    )
+    worker.add_argument(
+        "--name",
+        default=os.environ.get("HYPHA_WORKER_NAME"),
+        required="HYPHA_WORKER_NAME" not in os.environ,
+        help="this worker's name in the coordinator's report (default: $HYPHA_WORKER_NAME)",
+    )
+    worker.add_argument(
+        "--keep-work-dir", action="store_true", help="leave the work dir for inspection"
+    )
+    worker.add_argument(
+        "--connect-timeout", type=float, default=120.0, help="seconds to wait for the coordinator"
+    )
+    worker.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads per executor (OMP_NUM_THREADS); set it when workers share a host",
+    )
+    worker.add_argument(
+        "--linger",
+        action="store_true",
+        help="after the job, stay until the coordinator is gone (compose: the coordinator's "
+        "exit ends the run, so workers must not end it first)",
+    )
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    def body() -> int:
+        args = _parser().parse_args(argv)
+        if getattr(args, "as_user", None) is not None and os.geteuid() != 0:
+            raise UsageError("--as-user needs root (it plays a worker running as that user)")
+        if args.command == "worker":
+            return run_main(f"{PROG} worker", lambda: _worker(args))
+        try:
+            return _with_run_options(args)
+        except OSError as exc:
+            # Cache, output or work folders that cannot be written.
+            raise LocalError(str(exc)) from None
+
+    return run_main(PROG, body)
+
+
+def _with_run_options(args: argparse.Namespace) -> int:
+    from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+
+    given = {
+        "workers": args.workers,
+        "rounds": args.rounds,
+        "steps_per_round": args.steps_per_round,
+        "samples_per_round": args.samples_per_round,
+        "batch_size": args.batch_size,
+        "learning_rate": args.lr,
+        "lr_schedule": args.lr_schedule,
+        "warmup_steps": args.warmup_steps,
+        "outer_learning_rate": args.outer_lr,
+        "outer_momentum": args.outer_momentum,
+        "generation": args.generation,
+        "late_workers": args.late_workers,
+    }
+    options = RunOptions.for_job(
+        args.job, **{name: value for name, value in given.items() if value is not None}
+    )
+    if args.command == "demo":
+        from hypha.standin.demo import run_demo
+        from hypha.standin.worker.executor_entries import executor_entry
+
+        trust = args.trust_remote_code or options.job == "lenet"
+        executor = executor_entry(args.executor, trust_remote_code=trust)
+        return run_demo(
+            options,
+            executor,
+            out_dir=args.out,
+            work_base=args.work_base,
+            assets_dir=args.assets,
+            owner=args.as_user,
+            timeout_s=args.timeout,
+            strict_receive=args.strict_receive,
+        )
+
+    from hypha.standin.coordinator.report import finish
+    from hypha.standin.data_service.assets import ensure_assets
+    from hypha.standin.demo import cancel_on_signals, supervise
+
+    host, port = args.listen
+    catalog = Catalog.from_assets(ensure_assets(args.assets, options.asset_spec()))
+    try:
+        coordinator = Coordinator(catalog, options, host=host, port=port)
+    except OSError as exc:
+        raise LocalError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    with coordinator, cancel_on_signals(coordinator):
+        say("coordinator", f"listening on {host}:{port}; waiting for {options.workers} workers")
+        supervise(coordinator, coordinator.finished, args.timeout)
+        # The report is written while still serving: lingering workers leave (and compose
+        # ends the run) only once the coordinator is gone.
+        passed = finish(coordinator.summary(), args.out, prefix="coordinator")
+    return EXIT_OK if passed else EXIT_FAILED
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from hypha.standin.coordinator.client import CoordinatorClient
+    from hypha.standin.worker.executor_entries import executor_entry
+    from hypha.standin.worker.worker import LocalWorker, serve_one_job
+
+    worker = LocalWorker(
+        args.name,
+        executor_entry(args.executor, trust_remote_code=args.trust_remote_code),
+        args.work_base,
+        owner=args.as_user,
+        keep_work_dir=args.keep_work_dir,
+        strict_receive=args.strict_receive,
+        env={"OMP_NUM_THREADS": str(args.threads)} if args.threads else None,
+    )
+    client = CoordinatorClient(args.coordinator)
+    client.wait_until_up(args.connect_timeout)
+
+    def cancel(signum: int, frame: FrameType | None) -> None:
+        say(args.name, f"{signal.Signals(signum).name}: cancelling the job")
+        worker.cancel()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, cancel)
+    exit_code = serve_one_job(client, worker)
+    if args.linger:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, lambda signum, frame: sys.exit(exit_code))
+        client.wait_until_gone()
+    return exit_code

@@ -1,0 +1,64 @@
+"""One Job Bridge served on WORK_DIR/bridge.sock: what it does (bridge_core.JobBridge) and
+its HTTP face (bridge_http.py) on a Unix socket only its owner may connect to."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from hypha.standin.serving import AcceptLoop
+from hypha.standin.worker.bridge_core import JobBridge
+from hypha.standin.worker.bridge_http import UnixHTTPServer
+
+SOCKET_NAME = "bridge.sock"
+
+
+class BridgeServer(JobBridge):
+    """Serves one job's bridge from `start()` until `stop()`.
+
+    `owner=(uid, gid)`: when running as root, the socket and everything the bridge writes
+    are chowned to it, as if a worker running as that user had made them.
+    """
+
+    _server: UnixHTTPServer | None = None
+
+    @property
+    def socket_path(self) -> Path:
+        return self.work_dir / SOCKET_NAME
+
+    def start(self) -> None:
+        server = UnixHTTPServer(str(self.socket_path), self)
+        try:
+            server.server_bind()
+            # Before listen() nobody can connect, so the socket is never reachable with a
+            # looser mode than 0600.
+            os.chmod(self.socket_path, 0o600)
+            self._own(self.socket_path)
+            server.server_activate()
+        except OSError:
+            server.server_close()
+            self.socket_path.unlink(missing_ok=True)
+            raise
+        self._server = server
+        self._accepting = AcceptLoop(server, f"{self.name}-http")
+        self._accepting.start()
+        super().start()
+
+    def stop(self) -> None:
+        """Ends the receive stream, closes every connection and removes the socket."""
+        server = self._server
+        if server is None or self._stopping.is_set():
+            return
+        self.end_stream()
+        self._accepting.stop()
+        server.cut_connections()
+        server.server_close()
+        self.join()
+        self.socket_path.unlink(missing_ok=True)
+
+    def __enter__(self) -> BridgeServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
