@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ import torch
 from safetensors.torch import load
 
 from hypha.accelerate_executor.bridge.actions import system_time
+from hypha.accelerate_executor.platform.launcher.plan import free_port
 from hypha.standin.scheduler.action_scheduler import peers
 from test_action_protocol import action_bridge, assets_dir, push_once_receiving, zero_update
 
@@ -195,12 +195,6 @@ def test_under_fsdp_the_speculative_step_sends_the_blocking_loops_pseudo_gradien
     for ours, theirs in zip(sent["on"], sent["off"], strict=True):
         assert same_tensors(ours, theirs)
     assert any(t.abs().max() > 0 for t in sent["on"][-1].values())  # it did train
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _without_rates(statuses: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -24,16 +23,11 @@ from shim_harness import WorkerJob, build_small_image, shim_command
 
 from hypha.accelerate_executor.platform.arch import host_arch
 from hypha.accelerate_executor.platform.image_tags import image_tags
+from hypha.accelerate_executor.platform.launcher.plan import free_port
 
 pytestmark = pytest.mark.docker
 
 REGISTRY_BINARY = Path("/usr/bin/docker-registry")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
