@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -98,6 +98,7 @@ class ScriptedBackend(InProcessBackend):
         self.sent: list[tuple[str, bytes]] = []
         self.pushes: list[Push] = []
         self.handed = 0  # the last push the bridge has taken
+        self.on_send: Callable[[], None] | None = None  # the parameter server's side of a send
         self._lock = threading.Condition()
 
     def action(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -111,6 +112,8 @@ class ScriptedBackend(InProcessBackend):
 
     def send(self, peer: str, data: bytes) -> None:
         self.sent.append((peer, data))
+        if self.on_send is not None:
+            self.on_send()
 
     def next_push(self, after: int, wait_s: float) -> Push | None:
         with self._lock:
@@ -308,13 +311,21 @@ def test_two_workers_train_over_the_action_protocol_and_the_loss_falls(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("pushed", ["at sent-update", "within the send"])
 def test_an_aggregate_pushed_before_apply_update_reaches_a_strict_bridge(
-    assets_dir: Path, short_tmp: Path
+    assets_dir: Path, short_tmp: Path, pushed: str
 ) -> None:
-    """The parameter server pushes as soon as `sent-update` tells it the update is in, before
-    the scheduler's `apply-update`: the receive opened after the send takes it."""
+    """The parameter server pushes as soon as it has the round's last update: when
+    `sent-update` tells the scheduler it is in, or, when ours is that last update, while our
+    send is still in flight. Both come before the scheduler's `apply-update`, and the
+    receive opened with the send takes them."""
     source = peers([PS], "All")
     statuses_seen: list[str] = []
+
+    def push_and_wait_for_the_bridge() -> None:
+        pushed_seq = backend.push(zero_update(assets_dir))
+        # Returns once the bridge has the push and no receive waits any more.
+        until(lambda: backend.handed >= pushed_seq and bridge.receives_open() == 0)
 
     def script(details: dict[str, Any]) -> dict[str, Any]:
         statuses_seen.append(details["state"])
@@ -324,13 +335,14 @@ def test_an_aggregate_pushed_before_apply_update_reaches_a_strict_bridge(
             case "batch-completed":
                 return {"kind": "send-update", "target": peers([PS], "One"), "weight": 1.0}
             case "sent-update":
-                pushed = backend.push(zero_update(assets_dir))
-                # Answered once the bridge has the push and no receive waits any more.
-                until(lambda: backend.handed >= pushed and bridge.receives_open() == 0)
+                if pushed == "at sent-update":
+                    push_and_wait_for_the_bridge()
                 return {"kind": "apply-update", "source": source, "timeout": later(5)}
         return {"kind": "terminate"}
 
     with action_bridge(assets_dir, short_tmp / "work", script) as (job_json, bridge, backend):
+        if pushed == "within the send":
+            backend.on_send = push_and_wait_for_the_bridge
         process = run_executor(job_json, bridge)
         _, err = process.communicate(timeout=300)
     assert process.returncode == 0, err

@@ -83,7 +83,7 @@ def run(
     """The statuses, the pseudo-gradients sent and stdout of one run of the script."""
     assert script.count(APPLY) == 1
     with action_bridge(assets_dir, work, answering(script)) as (job_json, bridge, backend):
-        # The bridge is strict: the update comes once the receive opened after the send is.
+        # The bridge is strict: the update comes once the receive opened with the send is.
         push_once_receiving(bridge, backend, zero_update(assets_dir))
         env = {**os.environ, "JOB_JSON": job_json, "HYPHA_SPECULATIVE_STEP": speculative}
         done = subprocess.run(

@@ -22,9 +22,9 @@ rank 0 shares whether its own part (a send, a receive) worked before the others 
 anything.
 
 Never a lost update: a bridge may drop a push that no open receive takes, and the
-parameter server can push the aggregate before `apply-update` reaches us. So rank 0 opens
-its receive from the send's target right after sending an update, before `sent-update` can
-lead to the push (an EarlyReceive), and `apply-update` takes the file from it. A
+parameter server can push the aggregate before `apply-update` reaches us, even before our
+own send returns when ours completes the round. So rank 0 opens its receive from the send's
+target before it sends an update (an EarlyReceive), and `apply-update` takes the file from it. A
 `receive-model`'s source is named only by the action itself, so that receive opens then.
 
 Never a stale status: each action is answered with the status of what it did, so a sample
@@ -84,7 +84,7 @@ if TYPE_CHECKING:
 # once is not asked again in a tight loop. Batches that train are reported at once.
 MIN_LOOP_S = 0.1
 RECEIVE_DIR = "incoming"
-# How long the receive opened after a send stays open: the aggregate comes once the round's
+# How long the receive opened with a send stays open: the aggregate comes once the round's
 # slowest peer has sent too, which can be a whole window of training after us. An open
 # receive costs nothing while it waits; when it ends empty, `apply-update` opens its own.
 EARLY_RECEIVE_S = 3600.0
@@ -140,7 +140,7 @@ class ActionTrainer(Workbench):
         self.updates_sent = 0
         self.models_sent = 0
         self.window = _Window()
-        self.early: EarlyReceive | None = None  # rank 0's receive opened after a send
+        self.early: EarlyReceive | None = None  # rank 0's receive opened with a send
         self.said_lr_multiplier = False
         self.ahead: SpeculativeStep | None = None
         self.speculation_note = "speculative step off, as asked: each action is awaited"
@@ -259,11 +259,13 @@ class ActionTrainer(Workbench):
             local, self.work_dir / relative, self.dtype, weight
         )
         del local
+        # Open before the send: ours may be the round's last update, and the parameter
+        # server can push the aggregate as soon as it has it, before the send returns.
+        self._open_early_receive(target)
         try:
             self.client.send_file(target, relative, remove_file=True)
         except BridgeError as exc:
             return error_status("connection", f"sending the update failed: {exc}")
-        self._open_early_receive(target)  # before the status that leads to the push
         metrics = {"batches": float(window.batches), "weight": weight}
         if window.batches:
             samples = window.batches * self.job.config.batch_size
@@ -338,7 +340,7 @@ class ActionTrainer(Workbench):
             time.sleep(pause)
 
     def _open_early_receive(self, target: ActionPeersReference) -> None:
-        """Rank 0, after a send: a receive from every peer of the send's target (the
+        """Rank 0, before a send: a receive from every peer of the send's target (the
         parameter servers; the one that takes the update pushes the aggregate), unless one
         is still open or holds a file: an open receive takes the next push, so a second
         beside it would not."""
@@ -354,7 +356,7 @@ class ActionTrainer(Workbench):
         self, source: ActionPeersReference, deadline: float, early: bool
     ) -> ReceivedFile | None:
         """Rank 0: one file from `source` before `deadline`, None when none came; from the
-        receive opened after the send when `early` and there is one for `source`. One still
+        receive opened with the send when `early` and there is one for `source`. One still
         open at the deadline is kept for the next `apply-update`."""
         assert self.client is not None
         pending = self.early if early else None
