@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -52,13 +53,17 @@ def hypha_accelerate(*args: str, timeout: float = 1800) -> subprocess.CompletedP
 def docker_run(
     image: str, *args: str, options: Sequence[str] = (), timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
-    """`docker run --rm` as an arbitrary non-root uid with the production hardening."""
-    return subprocess.run(
-        ["docker", "run", "--rm", "--user", ARBITRARY_USER, *HARDENED, *options, image, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """`docker run --rm` as an arbitrary non-root uid with the production hardening. At the
+    timeout the container is removed too: killing the client alone leaves it running."""
+    name = f"hypha-test-{uuid.uuid4().hex[:12]}"
+    command = ["docker", "run", "--rm", "--name", name, "--user", ARBITRARY_USER, *HARDENED]
+    try:
+        return subprocess.run(
+            [*command, *options, image, *args], capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired:
+        subprocess.run(["docker", "rm", "--force", name], capture_output=True, timeout=60)
+        raise
 
 
 def image_exists(api: Any, name: str) -> bool:
