@@ -18,7 +18,7 @@ from types import FrameType
 from hypha.accelerate_executor.entry import OneLineArgumentParser, run_main
 from hypha.accelerate_executor.errors import EXIT_FAILED, EXIT_OK, LocalError, UsageError
 from hypha.standin.console import say
-from hypha.standin.jobs import JOB_KINDS
+from hypha.standin.jobs import JOB_KINDS, LR_SCHEDULES, LrSchedule
 
 PROG = "hypha-accelerate local"
 
@@ -37,6 +37,15 @@ def _count_or_unset(text: str) -> int | None:
         return int(text) if text else None
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def _schedule_or_unset(text: str) -> LrSchedule | None:
+    """A learning-rate schedule, or None for an empty value (as `_count_or_unset`)."""
+    if not text:
+        return None
+    if text not in LR_SCHEDULES:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(LR_SCHEDULES)}, got {text!r}")
+    return text
 
 
 def _listen(text: str) -> tuple[str, int]:
@@ -88,7 +97,10 @@ def _run_options_parser() -> OneLineArgumentParser:
     run.add_argument("--batch-size", type=int, help="each worker's batch (causal-lm 8, lenet 600)")
     run.add_argument("--lr", type=float, help="inner learning rate (causal-lm 2e-3, lenet 1e-3)")
     run.add_argument(
-        "--lr-schedule", choices=["cosine-with-warmup", "linear-with-warmup", "constant"]
+        "--lr-schedule",
+        type=_schedule_or_unset,
+        metavar="{" + ",".join(LR_SCHEDULES) + "}",
+        help="the inner learning rate's schedule (default: the job's, cosine-with-warmup)",
     )
     run.add_argument("--warmup-steps", type=int)
     run.add_argument("--outer-lr", type=float, help="parameter server learning rate (0.7)")

@@ -16,6 +16,7 @@ from hypha.standin.data_service.service import Catalog
 JobKind = Literal["causal-lm", "lenet", "bert-mlm"]
 JOB_KINDS: tuple[JobKind, ...] = get_args(JobKind)
 LrSchedule = Literal["cosine-with-warmup", "linear-with-warmup", "constant"]
+LR_SCHEDULES: tuple[LrSchedule, ...] = get_args(LrSchedule)
 _BASE58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
 
 
