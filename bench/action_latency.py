@@ -38,6 +38,13 @@ if __name__ == "__main__" and not __package__:
 
 from bench.errors import BenchError
 from bench.models import DEMO, MICRO, Shape
+from hypha.accelerate_executor.bridge.actions import (
+    ACTION_REQUEST,
+    BatchCompletedStatus,
+    ExecuteBatch,
+    Terminate,
+    action_response,
+)
 from hypha.standin.coordinator.core import InProcessBackend
 from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
 from hypha.standin.data_service.assets import ensure_assets
@@ -62,14 +69,13 @@ class LateScheduler(InProcessBackend):
         self._lock = threading.Lock()
 
     def action(self, request: dict[str, Any]) -> dict[str, Any]:
-        details = request["status"]["details"]
+        details = ACTION_REQUEST.validate_python(request).status.details
         with self._lock:
-            if details["state"] == "batch-completed":
-                self.completed.extend([time.perf_counter()] * details["batches"])
+            if isinstance(details, BatchCompletedStatus):
+                self.completed.extend([time.perf_counter()] * details.batches)
             done = len(self.completed) >= self.batches
         time.sleep(self.delay_s)
-        action = {"kind": "terminate"} if done else {"kind": "execute-batch", "batches": 1}
-        return {"job_id": request["job_id"], "next": {"executor": "train", "action": action}}
+        return action_response(request["job_id"], Terminate() if done else ExecuteBatch(1))
 
 
 def one_run(catalog: Catalog, mode: str, delay_ms: int, batches: int, work: Path) -> float:

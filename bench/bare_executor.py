@@ -34,6 +34,7 @@ if __name__ == "__main__" and not __package__:
 import torch
 from safetensors.torch import load_file, save_file
 
+from hypha.accelerate_executor.bridge.bodies import batch_status
 from hypha.accelerate_executor.bridge.client import BridgeClient, Continue, Done, ScheduleUpdate
 from hypha.accelerate_executor.spec.job import parse_job
 from hypha.accelerate_executor.training.alpha17_loop import TRUTHY
@@ -93,9 +94,7 @@ def main() -> int:
             optimizer.zero_grad(set_to_none=True)
             trained += 1
             reported = time.perf_counter()
-            pending.append(
-                (trained, senders.submit(bridge.status, {"status": {"batch_size": batch_size}}))
-            )
+            pending.append((trained, senders.submit(bridge.status, batch_status(batch_size))))
             for batch_number, future in [p for p in pending if p[1].done()]:
                 pending.remove((batch_number, future))
                 answer = future.result()

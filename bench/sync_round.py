@@ -35,6 +35,7 @@ from safetensors.torch import save_file
 
 from bench.errors import BenchError
 from bench.models import Shape, parameter_count
+from hypha.accelerate_executor.bridge.bodies import batch_status
 from hypha.accelerate_executor.bridge.client import BridgeClient, Continue, ScheduleUpdate, expect
 from hypha.accelerate_executor.spec.job import Job, parse_job
 from hypha.accelerate_executor.training.distributed import ModelWeights, canonical_names
@@ -92,7 +93,7 @@ class WorkerSide:
         # away (a slow start on a busy machine): report batches until it schedules the update.
         for _ in range(100):
             started = time.perf_counter()
-            answer = self.bridge.status({"status": {"batch_size": 1}})
+            answer = self.bridge.status(batch_status(1))
             round_trip = time.perf_counter() - started
             expect(answer, Continue, ScheduleUpdate, sent="status")
             if isinstance(answer, ScheduleUpdate):

@@ -25,13 +25,19 @@ from safetensors.torch import load, save
 
 from hypha.accelerate_executor.bridge.action_client import ActionBridgeClient, probe_generation
 from hypha.accelerate_executor.bridge.actions import (
+    Action,
+    ApplyUpdate,
     ExecuteBatch,
+    Idle,
+    SendUpdate,
+    Terminate,
+    action_request,
+    action_response,
     batch_completed,
     parse_action_response,
-    system_time,
 )
+from hypha.accelerate_executor.bridge.bodies import wire
 from hypha.accelerate_executor.errors import BridgeError
-from hypha.accelerate_executor.spec.job import ActionPeersReference
 from hypha.accelerate_executor.training.diloco import GlobalWeights
 from hypha.standin.backend import Push
 from hypha.standin.coordinator.core import InProcessBackend
@@ -66,7 +72,7 @@ def test_the_older_forms_of_execute_batch_are_one_batch() -> None:
     assert answer({"kind": "execute-batch", "batches": 0}) == ExecuteBatch(0)
     assert answer({"kind": "execute-batch"}) == ExecuteBatch(1)
     assert answer({"kind": "execute-batch", "lr_multiplier": 0.5}) == ExecuteBatch(1, 0.5)
-    assert batch_completed(8, 0).wire(JOB_ID)["status"]["details"] == {
+    assert action_request(JOB_ID, batch_completed(8, 0))["status"]["details"] == {
         "state": "batch-completed",
         "batch_size": 8,
         "batches": 0,
@@ -105,10 +111,7 @@ class ScriptedBackend(InProcessBackend):
         details = request["status"]["details"]
         with self._lock:
             self.statuses.append(details)
-        return {
-            "job_id": request["job_id"],
-            "next": {"executor": "train", "action": self.script(details)},
-        }
+        return action_response(request["job_id"], self.script(details))
 
     def send(self, peer: str, data: bytes) -> None:
         self.sent.append((peer, data))
@@ -169,20 +172,20 @@ def action_bridge(
         bridge.stop()
 
 
-def later(seconds: float) -> dict[str, int]:
-    return system_time(time.time() + seconds)
+def later(seconds: float) -> float:
+    return time.time() + seconds
 
 
 def test_the_probe_and_the_action_era_routes(assets_dir: Path, short_tmp: Path) -> None:
-    def script(details: dict[str, Any]) -> dict[str, Any]:
-        return {"kind": "idle", "timeout": later(0)}
+    def script(details: dict[str, Any]) -> Action:
+        return Idle(later(0))
 
     with action_bridge(assets_dir, short_tmp / "work", script) as (job_json, bridge, backend):
         assert probe_generation(bridge.socket_path) == "actions"
         client = ActionBridgeClient(
             bridge.socket_path, bridge.work_dir, json.loads(job_json)["job_id"]
         )
-        target = ActionPeersReference.model_validate(peers([PS], "All"))
+        target = peers([PS], "All")
         (bridge.work_dir / "update.safetensors").write_bytes(b"bytes")
         client.send_file(target, "update.safetensors", remove_file=True)
         assert backend.sent == [(PS, b"bytes")]
@@ -198,7 +201,7 @@ def test_the_probe_and_the_action_era_routes(assets_dir: Path, short_tmp: Path) 
         assert received is not None and received.from_peer == PS
         assert received.path.read_bytes() == b"an update"
         with pytest.raises(BridgeError, match="422"):
-            client._post_json("/resources/send", {"resource": peers([PS], "All"), "path": "x"}, 5)
+            client._post_json("/resources/send", {"resource": wire(target), "path": "x"}, 5)
         with pytest.raises(BridgeError, match="404"):
             client._post_json("/status/send", "update", 5)
     lenient = action_bridge(assets_dir, short_tmp / "kind", script, strict_receive=False)
@@ -236,15 +239,15 @@ def test_batches_zero_a_straggler_a_past_deadline_and_terminate(
 ) -> None:
     source = peers([PS], "All")
     steps = iter([
-        {"kind": "execute-batch", "batches": 0},
-        {"kind": "execute-batch", "batches": 2},
-        {"kind": "apply-update", "source": source, "timeout": later(60)},  # never sent: a straggler
-        {"kind": "apply-update", "source": source, "timeout": system_time(time.time() - 5)},
-        {"kind": "send-update", "target": source, "weight": 0.5},
-        {"kind": "terminate"},
+        ExecuteBatch(0),
+        ExecuteBatch(2),
+        ApplyUpdate(source, later(60)),  # never sent: a straggler
+        ApplyUpdate(source, later(-5)),
+        SendUpdate(source, 0.5),
+        Terminate(),
     ])  # fmt: skip
 
-    def script(details: dict[str, Any]) -> dict[str, Any]:
+    def script(details: dict[str, Any]) -> Action:
         return next(steps)
 
     with action_bridge(assets_dir, short_tmp / "work", script) as (job_json, bridge, backend):
@@ -271,8 +274,8 @@ def test_batches_zero_a_straggler_a_past_deadline_and_terminate(
 
 @pytest.mark.slow
 def test_sigterm_in_a_long_idle_ends_cleanly_within_5_s(assets_dir: Path, short_tmp: Path) -> None:
-    def script(details: dict[str, Any]) -> dict[str, Any]:
-        return {"kind": "idle", "timeout": later(600)}
+    def script(details: dict[str, Any]) -> Action:
+        return Idle(later(600))
 
     with action_bridge(assets_dir, short_tmp / "work", script) as (job_json, bridge, backend):
         process = run_executor(job_json, bridge)
@@ -327,18 +330,18 @@ def test_an_aggregate_pushed_before_apply_update_reaches_a_strict_bridge(
         # Returns once the bridge has the push and no receive waits any more.
         until(lambda: backend.handed >= pushed_seq and bridge.receives_open() == 0)
 
-    def script(details: dict[str, Any]) -> dict[str, Any]:
+    def script(details: dict[str, Any]) -> Action:
         statuses_seen.append(details["state"])
         match details["state"]:
             case "joined":
-                return {"kind": "execute-batch", "batches": 2}
+                return ExecuteBatch(2)
             case "batch-completed":
-                return {"kind": "send-update", "target": peers([PS], "One"), "weight": 1.0}
+                return SendUpdate(peers([PS], "One"), 1.0)
             case "sent-update":
                 if pushed == "at sent-update":
                     push_and_wait_for_the_bridge()
-                return {"kind": "apply-update", "source": source, "timeout": later(5)}
-        return {"kind": "terminate"}
+                return ApplyUpdate(source, later(5))
+        return Terminate()
 
     with action_bridge(assets_dir, short_tmp / "work", script) as (job_json, bridge, backend):
         if pushed == "within the send":

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from hypha.accelerate_executor.bridge import client as bridge
+from hypha.accelerate_executor.bridge.bodies import batch_status, round_metrics
 from hypha.accelerate_executor.bridge.client import BridgeClient, Continue
 from hypha.accelerate_executor.errors import BridgeError, BridgeGoneError, UnsafePathError
 from hypha.accelerate_executor.spec.job import PeersReference, SchedulerReference
@@ -89,7 +90,7 @@ def kept_alive_bridge(
 def test_requests_share_one_kept_alive_connection(kept_alive_bridge, tmp_path: Path) -> None:
     socket_path, seen = kept_alive_bridge(False)
     client = BridgeClient(socket_path, tmp_path)
-    answers = [client.status({"status": {"batch_size": 8}}) for _ in range(5)]
+    answers = [client.status(batch_status(8)) for _ in range(5)]
     assert answers == [Continue()] * 5
     assert (seen.connections, seen.requests) == (1, 5)
 
@@ -100,7 +101,7 @@ def test_a_connection_the_bridge_closed_is_replaced_and_nothing_is_sent_twice(
     socket_path, seen = kept_alive_bridge(True)
     client = BridgeClient(socket_path, tmp_path)
     for sent in range(1, 6):
-        assert client.status({"status": {"batch_size": 8}}) == Continue()
+        assert client.status(batch_status(8)) == Continue()
         assert seen.requests == sent
         time.sleep(0.2)  # the bridge's close reaches the client while the connection idles
     assert seen.connections == 5
@@ -112,10 +113,10 @@ def test_a_connection_idle_for_long_is_not_reused(
     socket_path, seen = kept_alive_bridge(False)
     monkeypatch.setattr(bridge, "REUSE_IDLE_S", 0.1)
     client = BridgeClient(socket_path, tmp_path)
-    client.status({"status": {"batch_size": 8}})
-    client.status({"status": {"batch_size": 8}})
+    client.status(batch_status(8))
+    client.status(batch_status(8))
     time.sleep(0.3)
-    client.status({"status": {"batch_size": 8}})
+    client.status(batch_status(8))
     assert (seen.connections, seen.requests) == (2, 3)
 
 
@@ -166,15 +167,13 @@ def test_plain_text_rejection_is_reported(scripted_bridge, tmp_path: Path) -> No
         lambda route, body: (422, "text/plain", b"batch_size: invalid type")
     )
     with pytest.raises(BridgeError, match="422 http_error: batch_size: invalid type"):
-        BridgeClient(socket_path, tmp_path).status({"status": {"batch_size": 8}})
+        BridgeClient(socket_path, tmp_path).status(batch_status(8))
 
 
 def test_nan_is_never_sent(scripted_bridge, tmp_path: Path) -> None:
     socket_path = scripted_bridge(lambda route, body: json_reply({"type": "Ok"}))
     with pytest.raises(ValueError):
-        BridgeClient(socket_path, tmp_path).status(
-            {"metrics": {"round": 1, "metrics": {"loss": float("nan")}}}
-        )
+        BridgeClient(socket_path, tmp_path).status(round_metrics(1, {"loss": float("nan")}))
 
 
 def test_missing_socket_is_bridge_gone(tmp_path: Path) -> None:

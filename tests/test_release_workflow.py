@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from hypha.accelerate_executor.platform.variants import BUILDS, CONTAINER_VARIANTS
-from hypha.accelerate_executor.tools import build, publish
+from hypha.accelerate_executor.tools import publish
+from hypha.accelerate_executor.tools.builder import command as build
 
 WORKFLOW = Path(__file__).resolve().parents[1] / ".github" / "workflows" / "release.yml"
 
@@ -67,3 +68,12 @@ def test_the_registry_and_its_login_are_settings_not_values(workflow: dict[str, 
     for job in workflow["jobs"].values():
         (login,) = (s for s in job["steps"] if str(s.get("uses", "")).startswith("docker/login"))
         assert login["with"]["password"] == "${{ secrets.REGISTRY_PASSWORD }}"
+
+
+def test_a_job_that_builds_installs_the_checkout_editable(workflow: dict[str, Any]) -> None:
+    """The wheel leaves `build` out: only an editable install of the checkout has it."""
+    for name, job in workflow["jobs"].items():
+        runs = [step.get("run", "") for step in job["steps"]]
+        builds = [i for i, run in enumerate(runs) if run.startswith("hypha-accelerate build")]
+        installs = [i for i, run in enumerate(runs) if run.startswith("pip install -e ")]
+        assert not builds or (installs and installs[0] < builds[0]), name

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,14 @@ import pytest
 import torch
 from safetensors.torch import load
 
-from hypha.accelerate_executor.bridge.actions import system_time
+from hypha.accelerate_executor.bridge.actions import (
+    Action,
+    ApplyUpdate,
+    ExecuteBatch,
+    Idle,
+    SendUpdate,
+    Terminate,
+)
 from hypha.accelerate_executor.platform.launcher.plan import free_port
 from hypha.standin.scheduler.action_scheduler import peers
 from test_action_protocol import action_bridge, assets_dir, push_once_receiving, zero_update
@@ -35,12 +43,12 @@ SOURCE = peers([PS], "All")
 __all__ = ["assets_dir"]  # the module-scoped fixture, shared
 
 
-def batches(n: int) -> dict[str, Any]:
-    return {"kind": "execute-batch", "batches": n}
+def batches(n: int) -> Action:
+    return ExecuteBatch(n)
 
 
-def idle() -> dict[str, Any]:
-    return {"kind": "idle", "timeout": system_time(time.time())}
+def idle() -> Action:
+    return Idle(time.time())
 
 
 SEEDED_EXECUTOR = [
@@ -49,9 +57,9 @@ SEEDED_EXECUTOR = [
     "import runpy, torch; torch.manual_seed(0); "
     "runpy.run_module('hypha.accelerate_executor.training', run_name='__main__')",
 ]
-SEND = {"kind": "send-update", "target": SOURCE, "weight": 1.0}
-APPLY = {"kind": "apply-update", "source": SOURCE, "timeout": "later"}
-TERMINATE = {"kind": "terminate"}
+SEND = SendUpdate(SOURCE, 1.0)
+APPLY = ApplyUpdate(SOURCE, deadline=0.0)  # answered with a deadline a minute away
+TERMINATE = Terminate()
 
 # Every answer trains, bar the round's send and apply (a zero update: theta_global stays
 # the initial model, so each send is the weights' drift from it).
@@ -63,22 +71,22 @@ INTERLEAVED = [
 ]  # fmt: skip
 
 
-def answering(script: list[dict[str, Any]]) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    """The scheduler: each status answered with the script's next action, `later` a
-    deadline a minute from then."""
+def answering(script: list[Action]) -> Callable[[dict[str, Any]], Action]:
+    """The scheduler: each status answered with the script's next action, an apply-update
+    with a deadline a minute from then."""
     answers = iter(script)
 
-    def answer(details: dict[str, Any]) -> dict[str, Any]:
+    def answer(details: dict[str, Any]) -> Action:
         action = next(answers)
-        if action.get("timeout") == "later":
-            return {**action, "timeout": system_time(time.time() + 60)}
+        if isinstance(action, ApplyUpdate):
+            return replace(action, deadline=time.time() + 60)
         return action
 
     return answer
 
 
 def run(
-    script: list[dict[str, Any]], speculative: str, assets_dir: Path, work: Path
+    script: list[Action], speculative: str, assets_dir: Path, work: Path
 ) -> tuple[list[dict[str, Any]], list[dict[str, torch.Tensor]], str]:
     """The statuses, the pseudo-gradients sent and stdout of one run of the script."""
     assert script.count(APPLY) == 1
@@ -101,7 +109,7 @@ def same_tensors(left: dict[str, torch.Tensor], right: dict[str, torch.Tensor]) 
 @pytest.mark.slow
 @pytest.mark.parametrize("script", [ALL_BATCHES, INTERLEAVED], ids=["all-batches", "interleaved"])
 def test_the_speculative_step_trains_bit_for_bit_as_the_blocking_loop(
-    script: list[dict[str, Any]], assets_dir: Path, short_tmp: Path
+    script: list[Action], assets_dir: Path, short_tmp: Path
 ) -> None:
     blocking = run(script, "off", assets_dir, short_tmp / "blocking")
     speculative = run(script, "on", assets_dir, short_tmp / "speculative")
@@ -121,7 +129,12 @@ def test_the_speculative_step_trains_bit_for_bit_as_the_blocking_loop(
     assert f"{expected[0]} gradient(s) computed ahead used, {expected[1]} dropped" in last
 
 
-STATUS_OF = {"idle": "idle", "execute-batch": "batch-completed", "send-update": "sent-update"}
+STATUS_OF = {
+    Idle: "idle",
+    ExecuteBatch: "batch-completed",
+    SendUpdate: "sent-update",
+    ApplyUpdate: "applied-update",
+}
 
 
 @pytest.mark.slow
@@ -143,10 +156,7 @@ def test_two_ranks_stay_in_step_through_dropped_and_used_gradients(
         )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "over 2 process(es)" in done.stdout and "speculative step on" in done.stdout
-    expected = ["joined"] + [
-        "applied-update" if a["kind"] == "apply-update" else STATUS_OF[a["kind"]]
-        for a in INTERLEAVED[:-1]
-    ]
+    expected = ["joined"] + [STATUS_OF[type(a)] for a in INTERLEAVED[:-1]]
     assert [d["state"] for d in backend.statuses] == expected
     [last] = [line for line in done.stdout.splitlines() if "terminated" in line]
     used, dropped = _ahead(INTERLEAVED)
@@ -207,13 +217,13 @@ def _without_rates(statuses: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-def _ahead(script: list[dict[str, Any]]) -> tuple[int, int]:
+def _ahead(script: list[Action]) -> tuple[int, int]:
     """(used, dropped) gradients computed ahead: one after every trained batch (its status
     is batch-completed) and every applied update, used when the next answer trains."""
     used = dropped = 0
     for before, after in itertools.pairwise(script):
-        if before.get("kind") in ("execute-batch", "apply-update"):
-            if after.get("kind") == "execute-batch" and after["batches"] > 0:
+        if isinstance(before, ExecuteBatch | ApplyUpdate):
+            if isinstance(after, ExecuteBatch) and after.batches > 0:
                 used += 1
             else:
                 dropped += 1

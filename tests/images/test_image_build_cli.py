@@ -13,7 +13,7 @@ import pytest
 from image_harness import ROOT
 
 from hypha.accelerate_executor.errors import ShimError
-from hypha.accelerate_executor.tools import build
+from hypha.accelerate_executor.tools.builder import command as build
 
 
 def run_build(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

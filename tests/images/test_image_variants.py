@@ -15,7 +15,7 @@ from packaging.requirements import Requirement
 
 from hypha.accelerate_executor.platform.image_tags import CONTAINER_VARIANTS, GPU_VARIANTS
 from hypha.accelerate_executor.platform.variants import BY_NAME
-from hypha.accelerate_executor.tools import build
+from hypha.accelerate_executor.tools.builder import command as build
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = (ROOT / "docker" / "Dockerfile").read_text()

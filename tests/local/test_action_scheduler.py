@@ -24,10 +24,25 @@ moments, and the replays call them where upstream's tests send those statuses.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
+from hypha.accelerate_executor.bridge.actions import (
+    APPLIED_UPDATE,
+    IDLE,
+    JOINED,
+    RECEIVED_MODEL,
+    WAITED_FOR_MODEL,
+    Action,
+    ExecuteBatch,
+    PushToHub,
+    Status,
+    Terminate,
+    UnitStatus,
+    action_response,
+    batch_completed,
+    error_status,
+    sent_update,
+)
 from hypha.standin.scheduler.action_scheduler import (
     ActionScheduler,
     RunningMean,
@@ -75,20 +90,20 @@ def scheduler(
     return s, clock
 
 
-def batch(batch_size: int, batches: int = 1) -> dict[str, Any]:
-    return {"state": "batch-completed", "batch_size": batch_size, "batches": batches}
+def batch(batch_size: int, batches: int = 1) -> Status:
+    return batch_completed(batch_size, batches)
 
 
-def sent(round_: int) -> dict[str, Any]:
-    return {"state": "sent-update", "round": round_, "metrics": {}}
+def sent(round_: int) -> Status:
+    return sent_update(round_, {})
 
 
-IDLE = {"state": "idle"}
-APPLIED = {"state": "applied-update"}
+APPLIED = APPLIED_UPDATE
 
 
-def kind(action: dict[str, Any]) -> str:
-    return str(action["kind"])
+def kind(action: Action) -> str:
+    """The action's `kind` on the wire."""
+    return str(action_response("job", action)["next"]["action"]["kind"])
 
 
 # statistics.rs
@@ -133,12 +148,12 @@ def test_simulation_hits_update_target() -> None:
 
 def test_train_idle_executes_batch() -> None:
     s, _ = scheduler(10, workers=((W1, 1),), parameter_server=None)
-    assert s.answer(W1, IDLE) == {"kind": "execute-batch", "batches": 1}
+    assert s.answer(W1, IDLE) == ExecuteBatch(1)
 
 
 def test_train_continues_batching_without_parameter_server() -> None:
     s, _ = scheduler(100, workers=((W1, 1),), parameter_server=None)
-    assert s.answer(W1, batch(4, 3)) == {"kind": "execute-batch", "batches": 1}
+    assert s.answer(W1, batch(4, 3)) == ExecuteBatch(1)
 
 
 def test_train_waits_without_parameter_server() -> None:
@@ -161,9 +176,9 @@ def test_final_round_applies_once_and_pushes_model() -> None:
     )
     for first, second in ((W2, W1), (W1, W2)):  # rounds 0 and 1
         assert kind(s.answer(first, batch(1))) in ("execute-batch", "send-update")
-        assert s.answer(first, batch(1))["target"]["peers"] == [PS]
+        assert s.answer(first, batch(1)).target.peers == [PS]
         assert kind(s.answer(first, sent(s.round))) == "idle"
-        assert s.answer(second, batch(1))["target"]["peers"] == [PS]
+        assert s.answer(second, batch(1)).target.peers == [PS]
         assert kind(s.answer(second, sent(s.round))) == "idle"
         assert s.senders() == [W1, W2]  # the parameter server aggregates both
         assert s.aggregated() == [W1, W2]  # and broadcasts to both
@@ -171,11 +186,11 @@ def test_final_round_applies_once_and_pushes_model() -> None:
     # Completion.
     assert kind(s.answer(W1, IDLE)) in ("apply-update", "idle")
     assert kind(s.answer(W1, APPLIED)) == "idle"
-    assert s.answer(W1, IDLE) == {"kind": "push-to-hub", "repository": "hf/repo", "token": "token"}
-    assert s.answer(W1, {"state": "pushed-to-hub"}) == {"kind": "terminate"}
+    assert s.answer(W1, IDLE) == PushToHub("hf/repo", "token")
+    assert s.answer(W1, UnitStatus(state="pushed-to-hub")) == Terminate()
     assert kind(s.answer(W2, IDLE)) in ("apply-update", "execute-batch", "terminate")
     assert kind(s.answer(W2, APPLIED)) == "idle"
-    assert s.answer(W2, IDLE) == {"kind": "terminate"}
+    assert s.answer(W2, IDLE) == Terminate()
     assert [w.is_pusher for w in s.workers.values()] == [True, False]  # one pusher
     assert all(w.applied_final_update for w in s.workers.values())
     assert s.round == 2 and s.training_complete and s.push_done
@@ -185,27 +200,27 @@ def test_rejoining_worker_receives_model_before_participating() -> None:
     s, _ = scheduler(1, rounds=3, workers=((W1, 1), (W2, 1)), multi_batch_size=1)
     # Round 0: upstream's pool holds w2 from the start, yet only w1 reports; min_quorum 1
     # and no grace let the parameter server go with w1 alone.
-    assert s.answer(W1, batch(1))["target"]["peers"] == [PS]
+    assert s.answer(W1, batch(1)).target.peers == [PS]
     assert kind(s.answer(W1, sent(0))) == "idle"
     s.aggregated()
     s.broadcasted()
     # w2 joins late.
-    assert kind(s.answer(W2, {"state": "joined"})) == "wait-for-model"
+    assert kind(s.answer(W2, JOINED)) == "wait-for-model"
     assert s.senders() == [W1]  # a worker waiting for the model is not waited for
     # Round 1, w1 producing the update.
-    assert s.answer(W1, batch(1))["target"]["peers"] == [PS]
+    assert s.answer(W1, batch(1)).target.peers == [PS]
     assert kind(s.answer(W1, sent(1))) == "idle"
     s.aggregated()
     s.broadcasted()
     # w1 applies and sends the model to w2.
     assert kind(s.answer(W1, IDLE)) in ("apply-update", "idle", "execute-batch")
     send = s.answer(W1, APPLIED)
-    assert kind(send) == "send-model" and send["target"]["peers"] == [W2]
-    receive = s.answer(W2, {"state": "waited-for-model"})
-    assert kind(receive) == "receive-model" and receive["source"]["peers"] == [W1]
-    assert kind(s.answer(W2, {"state": "received-model"})) == "idle"
+    assert kind(send) == "send-model" and send.target.peers == [W2]
+    receive = s.answer(W2, WAITED_FOR_MODEL)
+    assert kind(receive) == "receive-model" and receive.source.peers == [W1]
+    assert kind(s.answer(W2, RECEIVED_MODEL)) == "idle"
     assert kind(s.answer(W2, IDLE)) in ("apply-update", "execute-batch")
-    assert s.answer(W2, APPLIED) == {"kind": "execute-batch", "batches": 1}
+    assert s.answer(W2, APPLIED) == ExecuteBatch(1)
     rejoined = s.workers[W2]
     assert not rejoined.waiting_for_model and rejoined.applied_update
 
@@ -216,12 +231,12 @@ def test_rejoining_parameter_server_resends_updates_before_broadcast() -> None:
     parameter server never leaves; the replay drops its record as the pool does."""
     s, _ = scheduler(1, rounds=3, workers=((W1, 1), (W2, 1)), multi_batch_size=1)
     for peer in (W1, W2):
-        assert s.answer(peer, batch(1))["target"]["peers"] == [PS]
+        assert s.answer(peer, batch(1)).target.peers == [PS]
         assert kind(s.answer(peer, sent(0))) == "idle"
     s.aggregated()
     s.sent.clear()  # the parameter server left; it rejoins with an empty record
     for peer in (W1, W2):
-        assert s.answer(peer, batch(1))["target"]["peers"] == [PS]
+        assert s.answer(peer, batch(1)).target.peers == [PS]
         assert kind(s.answer(peer, sent(0))) == "idle"
     assert s.aggregated() == [W1, W2]
     s.broadcasted()
@@ -260,7 +275,7 @@ def test_handle_simple_two_rounds_simulation_drives_updates() -> None:
     assert not s.sent, "sent updates cleared after broadcast"
     clock.at_ms(2600)
     for peer in (W1, W2, W3):
-        assert s.answer(peer, APPLIED) == {"kind": "execute-batch", "batches": 1}
+        assert s.answer(peer, APPLIED) == ExecuteBatch(1)
 
 
 # The stand-in's own cases of section 4 that upstream's tests leave out.
@@ -272,9 +287,9 @@ def test_weights_are_upstreams_shares() -> None:
     s, _ = scheduler(48, workers=((W1, 8), (W2, 8)))
     s.answer(W1, batch(8, 2))  # 16
     update = s.answer(W2, batch(8, 4))  # 32 more: 48, the target
-    assert update["weight"] == pytest.approx((0 + 8) / 48)
-    assert update["target"]["strategy"] == {"type": "One"}
-    assert s.answer(W1, IDLE)["weight"] == pytest.approx(16 / 48)
+    assert update.weight == pytest.approx((0 + 8) / 48)
+    assert update.target.strategy.type == "One"
+    assert s.answer(W1, IDLE).weight == pytest.approx(16 / 48)
 
 
 def test_once_every_worker_has_a_mean_the_simulation_gives_batches_and_zero() -> None:
@@ -283,25 +298,23 @@ def test_once_every_worker_has_a_mean_the_simulation_gives_batches_and_zero() ->
     s.answer(W1, batch(8))  # first reports only start the clocks
     s.answer(W2, batch(8))
     clock.at_ms(15)
-    assert s.answer(W1, batch(8)) == {"kind": "execute-batch", "batches": 1}  # w2: no mean
+    assert s.answer(W1, batch(8)) == ExecuteBatch(1)  # w2: no mean
     clock.at_ms(1005)
     # w2 at ~1 s a batch, w1 at 10 ms: w1 reaches 3 batches first, w2 gets none.
-    assert s.answer(W2, batch(8)) == {"kind": "execute-batch", "batches": 0}
+    assert s.answer(W2, batch(8)) == ExecuteBatch(0)
     counted = s.count
-    assert s.answer(W2, batch(8, 0))["batches"] == 0  # batches 0: no samples, no time
+    assert s.answer(W2, batch(8, 0)).batches == 0  # batches 0: no samples, no time
     assert s.count == counted and s.workers[W2].mean.samples == 1
-    assert s.answer(W1, batch(8, 2))["batches"] == 3
+    assert s.answer(W1, batch(8, 2)).batches == 3
 
 
 def test_a_failed_send_is_asked_again_and_errors_decide_as_upstream() -> None:
     s, _ = scheduler(8, workers=((W1, 8),))
     assert kind(s.answer(W1, batch(8))) == "send-update"
     # The send failed: no sent-update, so the worker is not recorded as having sent.
-    assert kind(s.answer(W1, {"state": "error", "type": "connection", "message": "x"})) == "idle"
+    assert kind(s.answer(W1, error_status("connection", "x"))) == "idle"
     assert kind(s.answer(W1, IDLE)) == "send-update"
-    assert s.answer(W1, {"state": "error", "type": "other", "message": "x"}) == {
-        "kind": "terminate"
-    }
+    assert s.answer(W1, error_status("other", "x")) == Terminate()
 
 
 def test_without_a_destination_the_first_to_apply_the_final_update_ends_the_job() -> None:
@@ -312,5 +325,5 @@ def test_without_a_destination_the_first_to_apply_the_final_update_ends_the_job(
     assert kind(s.answer(W2, IDLE)) == "apply-update"  # a straggler that never sent
     s.broadcasted()
     assert kind(s.answer(W1, APPLIED)) == "idle"
-    assert s.answer(W1, IDLE) == {"kind": "terminate"}
-    assert s.answer(W2, IDLE) == {"kind": "terminate"}
+    assert s.answer(W1, IDLE) == Terminate()
+    assert s.answer(W2, IDLE) == Terminate()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from hypha.accelerate_executor.bridge.client import Continue, Done, Ok, ScheduleUpdate
 from hypha.accelerate_executor.errors import ProgressError
 from hypha.standin.data_service.service import SliceTracker
 from hypha.standin.scheduler.batch_scheduler import (
@@ -57,28 +58,28 @@ def test_two_rounds_of_three_workers():
     for peer, batch in (("w1", 150), ("w2", 100), ("w3", 50)):
         scheduler.add_worker(peer, batch)
     steps = [
-        ("w3", 50, 500, {"type": "Continue"}),
-        ("w2", 100, 300, {"type": "Continue"}),
-        ("w1", 150, 150, {"type": "Continue"}),
-        ("w3", 50, 50, {"type": "ScheduleUpdate", "counter": 2}),
-        ("w3", 50, 500, {"type": "Continue"}),
-        ("w2", 100, 100, {"type": "ScheduleUpdate", "counter": 1}),
-        ("w1", 150, 300, {"type": "ScheduleUpdate", "counter": 0}),
-        ("w3", 50, 100, {"type": "Continue"}),
-        ("w2", 100, 100, {"type": "Continue"}),
+        ("w3", 50, 500, Continue()),
+        ("w2", 100, 300, Continue()),
+        ("w1", 150, 150, Continue()),
+        ("w3", 50, 50, ScheduleUpdate(2)),
+        ("w3", 50, 500, Continue()),
+        ("w2", 100, 100, ScheduleUpdate(1)),
+        ("w1", 150, 300, ScheduleUpdate(0)),
+        ("w3", 50, 100, Continue()),
+        ("w2", 100, 100, Continue()),
     ]
     for peer, samples, after_ms, answer in steps:
         clock.advance_ms(after_ms)
         assert scheduler.status(peer, samples) == answer, (peer, clock.now)
     for peer in ("w1", "w2", "w3"):
-        assert scheduler.update(peer) == {"type": "Ok"}
+        assert scheduler.update(peer) == Ok()
     with pytest.raises(ProgressError, match="status while updating"):
         scheduler.status("w1", 150)
     scheduler.updated()
-    assert [scheduler.update_received(p) for p in ("w1", "w2", "w3")] == [{"type": "Continue"}] * 3
+    assert [scheduler.update_received(p) for p in ("w1", "w2", "w3")] == [Continue()] * 3
     assert (scheduler.count, scheduler.round) == (800, 1)
     scheduler.updated()
-    assert scheduler.update_received("w1") == {"type": "Done"}
+    assert scheduler.update_received("w1") == Done()
     with pytest.raises(ProgressError, match="status while done"):
         scheduler.status("w1", 150)
 
@@ -93,7 +94,7 @@ def test_a_round_past_the_time_cap_ends_at_the_target():
     for _ in range(3):
         clock.advance_ms(6000)
         answers.append(scheduler.status("a", 600))
-    assert answers == [{"type": "Continue"}] * 2 + [{"type": "ScheduleUpdate", "counter": 0}]
+    assert answers == [Continue()] * 2 + [ScheduleUpdate(0)]
 
 
 def test_a_worker_yet_to_report_is_projected_as_instant():
@@ -104,7 +105,7 @@ def test_a_worker_yet_to_report_is_projected_as_instant():
     scheduler.add_worker("a", 600)
     scheduler.add_worker("b", 600)
     clock.advance_ms(6000)
-    assert scheduler.status("a", 600) == {"type": "ScheduleUpdate", "counter": 0}
+    assert scheduler.status("a", 600) == ScheduleUpdate(0)
 
 
 def test_a_worker_that_left_is_no_longer_projected():
@@ -116,7 +117,7 @@ def test_a_worker_that_left_is_no_longer_projected():
     # 30 samples to go: with b, two batches each would be projected (a ScheduleUpdate{2});
     # a alone needs 3, the steps cap.
     scheduler.remove_worker("b")
-    assert scheduler.status("a", 10) == {"type": "Continue"}
+    assert scheduler.status("a", 10) == Continue()
     with pytest.raises(ProgressError, match="no worker b"):
         scheduler.status("b", 10)
 

@@ -11,7 +11,7 @@ from docker.errors import ImageNotFound
 from shim_harness import build_small_image
 
 from hypha.accelerate_executor.platform.arch import host_arch
-from hypha.accelerate_executor.tools.build import image_ids, remove_replaced
+from hypha.accelerate_executor.tools.builder.command import image_ids, remove_replaced
 
 pytestmark = pytest.mark.docker
 

@@ -31,7 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "train a small job on this host's GPUs (or CPU): speed, MFU, memory, a verdict",
     ),
     "build": (
-        "hypha.accelerate_executor.tools.build",
+        "hypha.accelerate_executor.tools.builder.command",
         "build the executor image of one variant or all",
     ),
     "publish": (
@@ -43,6 +43,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "local stand-in for the Hypha side: demo, coordinator, worker",
     ),
     "schema": ("hypha.accelerate_executor.spec.job", "print the job spec's JSON Schema"),
+}
+# Why a command an installation leaves out is missing, where that is not just a module.
+LEFT_OUT: dict[str, str] = {
+    "build": "'build' needs a checkout of the project (it builds from docker/Dockerfile and "
+    "docker/requirements): run it in one, installed with `pip install -e .`",
 }
 
 
@@ -69,10 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         module = importlib.import_module(name)
     except ModuleNotFoundError as exc:
-        # The runtime image keeps only what selftest needs of the stand-in: no `local`.
+        # The runtime image keeps only what selftest needs of the stand-in: no `local`; the
+        # wheel leaves `build` out.
         if exc.name is None or not (name == exc.name or name.startswith(exc.name + ".")):
             raise
-        say_error("hypha-accelerate", f"{args[0]!r} is not installed here ({exc.name} is missing)")
+        why = LEFT_OUT.get(args[0], f"{args[0]!r} is not installed here ({exc.name} is missing)")
+        say_error("hypha-accelerate", why)
         return EXIT_FAILED
     return int(module.main(args[1:]))
 

@@ -1,5 +1,6 @@
 """What a local run is: its options, the job kinds it can play, and the job spec each
-worker gets, shaped exactly as a Hypha scheduler sends it (docs/protocol.md sections 4 and 8)."""
+worker gets, shaped exactly as a Hypha scheduler sends it (docs/protocol.md sections 4 and 8),
+built through the executor's own declaration of the job (spec/job.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,26 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal, get_args
 
 from hypha.accelerate_executor.errors import UsageError
-from hypha.accelerate_executor.spec.job import GENERATIONS, Generation
+from hypha.accelerate_executor.spec.job import (
+    GENERATIONS,
+    ActionExecutorSpec,
+    ActionJob,
+    ActionModelSpec,
+    ActionPreprocessorSpec,
+    ActionTrainConfig,
+    CosineWithWarmup,
+    Descriptor,
+    ExecutorSpec,
+    Generation,
+    HuggingFaceReference,
+    Job,
+    LinearWithWarmup,
+    OptimizerSpec,
+    PeersReference,
+    SchedulerReference,
+    Strategy,
+    TrainConfig,
+)
 from hypha.standin.data_service.assets import AssetKind, AssetSpec, MaskedLmSpec
 from hypha.standin.data_service.lenet import LeNetSpec
 from hypha.standin.data_service.service import Catalog
@@ -117,76 +137,65 @@ JOB_DEFAULTS: dict[JobKind, dict[str, Any]] = {
 }
 
 
-def huggingface(repository: str, filenames: tuple[str, ...]) -> dict[str, Any]:
-    return {
-        "type": "huggingface",
-        "repository": repository,
-        "revision": None,
-        "filenames": list(filenames),
-        "token": None,
-    }
+def huggingface(repository: str, filenames: tuple[str, ...]) -> HuggingFaceReference:
+    return HuggingFaceReference(type="huggingface", repository=repository, filenames=filenames)
 
 
 def job_spec(
     job_id: str, options: RunOptions, catalog: Catalog, scheduler_peer: str, parameter_server: str
 ) -> dict[str, Any]:
-    """The job JSON for one worker."""
-    peers = {
-        "type": "peers",
-        "peers": [parameter_server],
-        "strategy": {"type": "All"},
-        "resource": None,
-    }
-    lenet = options.job == "lenet"
-    config: dict[str, Any] = {
-        "model": {
-            "task": "image-classification" if lenet else "causal-lm",
-            "artifact": huggingface(catalog.model_repository, catalog.model_filenames),
-            "input-names": ["pixel_values", "labels"] if lenet else ["input_ids", "labels"],
-        },
-        "data": {"type": "scheduler", "peer": scheduler_peer, "dataset": catalog.dataset_name},
-        "optimizer": {
-            "learning-rate": options.learning_rate,
-            "betas": list(options.betas) if options.betas is not None else None,
-            "epsilon": options.epsilon,
-        },
-        "batch_size": options.batch_size,
-    }
-    if options.generation == "alpha17":  # the action protocol names them in its actions
-        config = {
-            "model": config["model"],
-            "data": config["data"],
-            "updates": peers,
-            "results": dict(peers),
-            **{key: value for key, value in config.items() if key not in ("model", "data")},
-        }
-    if options.job == "bert-mlm":
+    """The job JSON for one worker, built through the executor's declaration of the job
+    (spec/job.py) of the run's generation."""
+    task, input_names = {
+        "lenet": ("image-classification", ["pixel_values", "labels"]),
         # What a user writes after reading upstream's data docs: the slices' tensors; the
         # labels come from the task (the tokenizer in the artifact gives the mask token).
-        config["model"].update(
-            {"task": "masked-lm", "input-names": ["input_ids", "attention_mask"]}
-        )
+        "bert-mlm": ("masked-lm", ["input_ids", "attention_mask"]),
+    }.get(options.job, ("causal-lm", ["input_ids", "labels"]))
+    preprocessor = None
     if catalog.preprocessor_filenames:
-        config["preprocessor"] = {
-            "task": "image",
-            "artifact": huggingface(catalog.model_repository, catalog.preprocessor_filenames),
-            "input-names": ["images"],
-        }
-    if options.lr_schedule != "constant":
-        # Training steps are what a worker trains at the round's target pace.
-        steps = options.rounds * -(
-            -options.target_samples // (options.batch_size * options.workers)
+        preprocessor = ActionPreprocessorSpec(
+            task="image",
+            artifact=huggingface(catalog.model_repository, catalog.preprocessor_filenames),
+            input_names=["images"],
         )
-        config["scheduler"] = {
-            "type": options.lr_schedule,
-            "warmup_steps": options.warmup_steps,
-            "training_steps": steps,
-        }
-    return {
-        "job_id": job_id,
-        "executor": {
-            "class": "train",
-            "descriptor": {"name": "diloco-transformer"},
-            "config": config,
-        },
-    }
+    # Training steps are what a worker trains at the round's target pace.
+    steps = options.rounds * -(-options.target_samples // (options.batch_size * options.workers))
+    scheduler: CosineWithWarmup | LinearWithWarmup | None = None
+    if options.lr_schedule == "cosine-with-warmup":
+        scheduler = CosineWithWarmup(
+            type="cosine-with-warmup", warmup_steps=options.warmup_steps, training_steps=steps
+        )
+    elif options.lr_schedule == "linear-with-warmup":
+        scheduler = LinearWithWarmup(
+            type="linear-with-warmup", warmup_steps=options.warmup_steps, training_steps=steps
+        )
+    config = ActionTrainConfig(
+        model=ActionModelSpec(
+            task=task,
+            artifact=huggingface(catalog.model_repository, catalog.model_filenames),
+            input_names=input_names,
+        ),
+        data=SchedulerReference(
+            type="scheduler", peer=scheduler_peer, dataset=catalog.dataset_name
+        ),
+        optimizer=OptimizerSpec(
+            learning_rate=options.learning_rate, betas=options.betas, epsilon=options.epsilon
+        ),
+        batch_size=options.batch_size,
+        preprocessor=preprocessor,
+        scheduler=scheduler,
+    )
+    descriptor = Descriptor(name="diloco-transformer")
+    job: ActionJob | Job
+    if options.generation == "actions":  # the action protocol names the peers in its actions
+        executor = ActionExecutorSpec(class_="train", descriptor=descriptor, config=config)
+        job = ActionJob(job_id=job_id, executor=executor)
+    else:  # alpha.17's config also names where updates go and results come from
+        peers = PeersReference(
+            type="peers", peers=[parameter_server], strategy=Strategy(type="All")
+        )
+        train = TrainConfig.model_validate({**dict(config), "updates": peers, "results": peers})
+        executor17 = ExecutorSpec(class_="train", descriptor=descriptor, config=train)
+        job = Job(job_id=job_id, executor=executor17)
+    return job.model_dump(mode="json", by_alias=True)

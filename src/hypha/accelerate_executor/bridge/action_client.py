@@ -15,13 +15,18 @@ import json
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from hypha.accelerate_executor.bridge.actions import (
     Action,
     Status,
+    action_request,
     parse_action_response,
-    system_time,
+)
+from hypha.accelerate_executor.bridge.bodies import (
+    ActionReceiveRequest,
+    ActionSendRequest,
+    SystemTime,
+    wire,
 )
 from hypha.accelerate_executor.bridge.client import (
     FETCH_TIMEOUT_S,
@@ -64,10 +69,6 @@ def probe_generation(socket_path: Path) -> Generation | None:
     return {422: "actions", 404: "alpha17"}.get(response.status)  # type: ignore[return-value]
 
 
-def _wire(reference: ActionPeersReference) -> dict[str, Any]:
-    return reference.model_dump(mode="json", by_alias=True)
-
-
 class ActionBridgeClient(BridgeClient):
     def __init__(self, socket_path: Path, work_dir: Path, job_id: str) -> None:
         super().__init__(socket_path, work_dir)
@@ -75,7 +76,9 @@ class ActionBridgeClient(BridgeClient):
 
     def update(self, status: Status) -> Action:
         """Reports `status`; returns the scheduler's next action."""
-        answer = self._post_json(ACTION_ROUTE, status.wire(self.job_id), REQUEST_TIMEOUT_S)
+        answer = self._post_json(
+            ACTION_ROUTE, action_request(self.job_id, status), REQUEST_TIMEOUT_S
+        )
         return parse_action_response(answer, self.job_id)
 
     def send_file(
@@ -83,9 +86,9 @@ class ActionBridgeClient(BridgeClient):
     ) -> None:
         """Sends a file to the peers and returns once they all have it; the bridge deletes
         it afterwards when `remove_file`."""
-        body = {"resource": _wire(reference), "path": relative_path, "remove_file": remove_file}
+        body = ActionSendRequest(resource=reference, path=relative_path, remove_file=remove_file)
         # A model-sized file crosses the network before the answer comes.
-        self._post_json("/resources/send", body, FETCH_TIMEOUT_S)
+        self._post_json("/resources/send", wire(body), FETCH_TIMEOUT_S)
 
     def receive_one(
         self,
@@ -101,9 +104,10 @@ class ActionBridgeClient(BridgeClient):
         if deadline <= time.time():
             return None
         route = "/resources/receive"
-        body = json_body(
-            {"resource": _wire(reference), "path": relative_dir, "timeout": system_time(deadline)}
+        request = ActionReceiveRequest(
+            resource=reference, path=relative_dir, timeout=SystemTime.at(deadline)
         )
+        body = json_body(wire(request))
         timeout = deadline - time.time() + RECEIVE_SLACK_S
         with reaching(self.socket_path, route, timeout):
             status, data = self._round_trip(route, body, timeout, sent)

@@ -7,59 +7,98 @@ Upstream's types (crates/messages/src/lib.rs @3058282936, module `action`): a re
 serde's SystemTime, `{"secs_since_epoch", "nanos_since_epoch"}`, absolute. Answers are read
 strictly here, once, into the typed actions below; the earlier forms of `execute-batch`
 (without `batches`, or with `lr_multiplier`) are accepted as one batch. Torch-free.
+
+Declared once for both sides: the executor writes statuses and reads actions through what is
+here, the local stand-in reads statuses (its bridge refusing what serde refuses) and writes
+actions through the same declarations (standin/scheduler, standin/coordinator).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import ValidationError
+from pydantic import Field, StrictStr, TypeAdapter, ValidationError
 
+from hypha.accelerate_executor.bridge.bodies import U32, Metrics, Shape, SystemTime, wire
 from hypha.accelerate_executor.errors import SchedulerError
 from hypha.accelerate_executor.spec.job import ActionPeersReference
 
-# Statuses: what the executor reports.
+# Statuses: what the executor reports, upstream's TrainStatus variants.
 
 
-@dataclass(frozen=True)
-class Status:
-    """One train status: its `state` and that state's fields, as upstream's TrainStatus."""
-
-    state: str
-    fields: dict[str, Any] = field(default_factory=dict)
-
-    def wire(self, job_id: str) -> dict[str, Any]:
-        return {
-            "job_id": job_id,
-            "status": {"executor": "train", "details": {"state": self.state, **self.fields}},
-        }
+class UnitStatus(Shape):
+    state: Literal[
+        "joined", "idle", "applied-update", "pushed-to-hub", "sent-model", "received-model",
+        "waited-for-model", "terminated",
+    ]  # fmt: skip
 
 
-JOINED = Status("joined")
-IDLE = Status("idle")
-APPLIED_UPDATE = Status("applied-update")
-SENT_MODEL = Status("sent-model")
-RECEIVED_MODEL = Status("received-model")
-WAITED_FOR_MODEL = Status("waited-for-model")
+class BatchCompletedStatus(Shape):
+    state: Literal["batch-completed"]
+    batch_size: U32
+    batches: U32
 
 
-def batch_completed(batch_size: int, batches: int) -> Status:
+class SentUpdateStatus(Shape):
+    state: Literal["sent-update"]
+    round: U32
+    metrics: Metrics
+
+
+class ErrorStatus(Shape):
+    state: Literal["error"]
+    type: Literal["connection", "other"]
+    message: StrictStr
+
+
+Status = Annotated[
+    UnitStatus | BatchCompletedStatus | SentUpdateStatus | ErrorStatus,
+    Field(discriminator="state"),
+]
+
+
+class TrainStatus(Shape):
+    executor: Literal["train"]
+    details: Status
+
+
+class ActionRequest(Shape):
+    job_id: StrictStr
+    status: TrainStatus
+
+
+ACTION_REQUEST: TypeAdapter[ActionRequest] = TypeAdapter(ActionRequest)
+
+
+def action_request(job_id: str, status: Status) -> dict[str, Any]:
+    """The body of `POST /action/update` reporting `status`."""
+    return wire(ActionRequest(job_id=job_id, status=TrainStatus(executor="train", details=status)))
+
+
+JOINED = UnitStatus(state="joined")
+IDLE = UnitStatus(state="idle")
+APPLIED_UPDATE = UnitStatus(state="applied-update")
+SENT_MODEL = UnitStatus(state="sent-model")
+RECEIVED_MODEL = UnitStatus(state="received-model")
+WAITED_FOR_MODEL = UnitStatus(state="waited-for-model")
+
+
+def batch_completed(batch_size: int, batches: int) -> BatchCompletedStatus:
     # `batches` always beside `batch_size`: the newest types require it, older ones ignore it.
-    return Status("batch-completed", {"batch_size": batch_size, "batches": batches})
+    return BatchCompletedStatus(state="batch-completed", batch_size=batch_size, batches=batches)
 
 
-def sent_update(round_number: int, metrics: dict[str, float]) -> Status:
+def sent_update(round_number: int, metrics: dict[str, float]) -> SentUpdateStatus:
     # The scheduler's metrics are f32, and JSON has no NaN: only finite values go.
     finite = {name: value for name, value in metrics.items() if math.isfinite(value)}
-    return Status("sent-update", {"round": round_number, "metrics": finite})
+    return SentUpdateStatus(state="sent-update", round=round_number, metrics=finite)
 
 
-def error_status(kind: str, message: str) -> Status:
+def error_status(kind: Literal["connection", "other"], message: str) -> ErrorStatus:
     """`connection` for the bridge and the network, `other` for the rest."""
-    assert kind in ("connection", "other")
-    return Status("error", {"type": kind, "message": " ".join(message.split())[:500]})
+    return ErrorStatus(state="error", type=kind, message=" ".join(message.split())[:500])
 
 
 # Actions: what the scheduler answers. Deadlines are seconds since the epoch (time.time()).
@@ -128,12 +167,6 @@ Action = (
 )
 
 
-def system_time(seconds: float) -> dict[str, int]:
-    """serde's SystemTime for `seconds` since the epoch."""
-    whole = math.floor(seconds)
-    return {"secs_since_epoch": whole, "nanos_since_epoch": round((seconds - whole) * 1e9)}
-
-
 class _Fields:
     """An action's fields, each read once with its type checked; the answer quoted in no
     message (a push-to-hub carries a token)."""
@@ -151,7 +184,7 @@ class _Fields:
         secs, nanos = value.get("secs_since_epoch"), value.get("nanos_since_epoch")
         if type(secs) is not int or type(nanos) is not int or secs < 0 or not 0 <= nanos < 10**9:
             raise self.fail(f"`{name}` is not a SystemTime")
-        return secs + nanos / 1e9
+        return SystemTime(secs_since_epoch=secs, nanos_since_epoch=nanos).seconds
 
     def peers(self, name: str) -> ActionPeersReference:
         try:
@@ -217,3 +250,37 @@ def parse_action_response(value: Any, job_id: str) -> Action:
     if kind == "terminate":
         return Terminate()
     raise SchedulerError(f"the scheduler sent an unknown action {kind!r}")
+
+
+def action_response(job_id: str, action: Action) -> dict[str, Any]:
+    """The ActionResponse a scheduler sends with `action`: what parse_action_response reads
+    (the stand-in's scheduler answers through it)."""
+    return {"job_id": job_id, "next": {"executor": "train", "action": _action_body(action)}}
+
+
+def _action_body(action: Action) -> dict[str, Any]:
+    def deadline(seconds: float) -> dict[str, Any]:
+        return wire(SystemTime.at(seconds))
+
+    match action:
+        case Idle(deadline=at):
+            return {"kind": "idle", "timeout": deadline(at)}
+        case WaitForModel(deadline=at):
+            return {"kind": "wait-for-model", "timeout": deadline(at)}
+        case ReceiveModel(source=source, deadline=at):
+            return {"kind": "receive-model", "source": wire(source), "timeout": deadline(at)}
+        case SendModel(target=target):
+            return {"kind": "send-model", "target": wire(target)}
+        case ExecuteBatch(batches=batches, lr_multiplier=None):
+            return {"kind": "execute-batch", "batches": batches}
+        case ExecuteBatch(batches=batches, lr_multiplier=multiplier):
+            return {"kind": "execute-batch", "batches": batches, "lr_multiplier": multiplier}
+        case SendUpdate(target=target, weight=weight):
+            return {"kind": "send-update", "target": wire(target), "weight": weight}
+        case ApplyUpdate(source=source, deadline=at):
+            return {"kind": "apply-update", "source": wire(source), "timeout": deadline(at)}
+        case PushToHub(repository=repository, token=token):
+            return {"kind": "push-to-hub", "repository": repository, "token": token}
+        case Terminate():
+            return {"kind": "terminate"}
+    raise AssertionError(f"not an action: {action!r}")

@@ -20,6 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from hypha.accelerate_executor.bridge.bodies import (
+    PROGRESS,
+    Progress,
+    ReceiveRequest,
+    SendRequest,
+    wire,
+)
 from hypha.accelerate_executor.bridge.http_wire import connect_unix
 from hypha.accelerate_executor.bridge.paths import resolve_in_work_dir
 from hypha.accelerate_executor.errors import BridgeError, BridgeGoneError, SchedulerError
@@ -66,12 +73,11 @@ class Error:
 
 
 SchedulerAnswer = Ok | Continue | ScheduleUpdate | Done | Error
+# On the wire, `{"type": <the class's name>}`, and ScheduleUpdate's `counter` beside it.
 _ANSWERS: dict[str, SchedulerAnswer] = {
-    "Ok": Ok(),
-    "Continue": Continue(),
-    "Done": Done(),
-    "Error": Error(),
+    type(answer).__name__: answer for answer in (Ok(), Continue(), Done(), Error())
 }
+ANSWER_NAMES = tuple(_ANSWERS)  # the answers without fields
 
 
 def parse_answer(value: Any) -> SchedulerAnswer:
@@ -79,7 +85,7 @@ def parse_answer(value: Any) -> SchedulerAnswer:
     if not isinstance(value, dict):
         raise BridgeError(STATUS_ROUTE, 200, "bad_answer", f"not a scheduler answer: {value!r}")
     kind = value.get("type")
-    if kind == "ScheduleUpdate":
+    if kind == ScheduleUpdate.__name__:
         counter = value.get("counter")
         if type(counter) is not int or counter < 0:  # a u32 in Hypha's scheduler
             raise SchedulerError(f"the scheduler's ScheduleUpdate has no valid counter: {value!r}")
@@ -88,6 +94,13 @@ def parse_answer(value: Any) -> SchedulerAnswer:
     if answer is None:
         raise SchedulerError(f"the scheduler answered something unknown: {value!r}")
     return answer
+
+
+def answer_body(answer: SchedulerAnswer) -> dict[str, Any]:
+    """The answer as the scheduler sends it, what parse_answer reads: the stand-in's
+    scheduler answers through it."""
+    fields = {"counter": answer.counter} if isinstance(answer, ScheduleUpdate) else {}
+    return {"type": type(answer).__name__, **fields}
 
 
 def expect(answer: SchedulerAnswer, *allowed: type[SchedulerAnswer], sent: str) -> None:
@@ -166,10 +179,6 @@ def raise_for(route: str, status: int, data: bytes) -> NoReturn:
     raise BridgeError(route, status, error, " ".join(detail.split()))
 
 
-def _wire(reference: Reference) -> dict[str, Any]:
-    return reference.model_dump(mode="json", by_alias=True)
-
-
 class BridgeClient:
     def __init__(self, socket_path: Path, work_dir: Path) -> None:
         self.socket_path = socket_path
@@ -179,7 +188,7 @@ class BridgeClient:
 
     def fetch(self, reference: Reference) -> list[BridgeFile]:
         """Asks the bridge to place the referenced files under artifacts/; returns them."""
-        answer = self._post_json("/resources/fetch", _wire(reference), FETCH_TIMEOUT_S)
+        answer = self._post_json("/resources/fetch", wire(reference), FETCH_TIMEOUT_S)
         if not isinstance(answer, list):
             raise BridgeError("/resources/fetch", 200, "bad_answer", "expected a list of files")
         return [self._file(entry) for entry in answer]
@@ -187,13 +196,14 @@ class BridgeClient:
     def send(self, reference: PeersReference, relative_path: str) -> None:
         """Hands a file to the bridge for the peers. It is sent after this returns:
         the caller must not touch the file again."""
-        body = {"resource": _wire(reference), "path": relative_path}
-        self._post_json("/resources/send", body, REQUEST_TIMEOUT_S)
+        body = SendRequest(resource=reference, path=relative_path)
+        self._post_json("/resources/send", wire(body), REQUEST_TIMEOUT_S)
 
-    def status(self, progress: Any) -> SchedulerAnswer:
+    def status(self, progress: Progress) -> SchedulerAnswer:
         """Sends a Progress message; returns the scheduler's answer. (The statuses of the
         batches go out through progress.StatusReporter, which does not wait for answers.)"""
-        return parse_answer(self._post_json(STATUS_ROUTE, progress, REQUEST_TIMEOUT_S))
+        body = PROGRESS.dump_python(progress)
+        return parse_answer(self._post_json(STATUS_ROUTE, body, REQUEST_TIMEOUT_S))
 
     def receive(
         self, reference: PeersReference, relative_dir: str = "incoming"
@@ -204,7 +214,7 @@ class BridgeClient:
         for longer than the keepalive period allows, raises BridgeGoneError.
         """
         route = "/resources/receive"
-        body = json.dumps({"resource": _wire(reference), "path": relative_dir}).encode()
+        body = json_body(wire(ReceiveRequest(resource=reference, path=relative_dir)))
         connection = _UnixHTTPConnection(self.socket_path, STREAM_SILENCE_LIMIT_S)
         try:
             with reaching(self.socket_path, route, STREAM_SILENCE_LIMIT_S):

@@ -22,6 +22,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from hypha.accelerate_executor.bridge.bodies import batch_status, wire
 from hypha.accelerate_executor.bridge.client import (
     REQUEST_TIMEOUT_S,
     REUSE_IDLE_S,
@@ -77,7 +78,7 @@ class StatusReporter:
             self._read(wait=True, while_at_least=MAX_IN_FLIGHT)
         request = self._requests.get(samples)
         if request is None:  # made once: every batch reports the job's batch size
-            request = post_request(STATUS_ROUTE, json_body({"status": {"batch_size": samples}}))
+            request = post_request(STATUS_ROUTE, json_body(wire(batch_status(samples))))
             self._requests[samples] = request
         with reaching(self._socket_path, STATUS_ROUTE, REQUEST_TIMEOUT_S):
             sock, reused = self._connection()

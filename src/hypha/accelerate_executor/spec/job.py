@@ -69,7 +69,9 @@ PreprocessorTask = Literal["tokenizer", "feature", "image", "video", "auto"]
 
 
 class JobModel(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    # By name too, so that a job can be built in Python (the stand-in's jobs): what is read
+    # is serde's output, which holds the wire names only.
+    model_config = ConfigDict(frozen=True, extra="ignore", validate_by_name=True)
 
 
 PeerId = Annotated[str, PEER_ID]

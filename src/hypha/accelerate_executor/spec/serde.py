@@ -332,7 +332,7 @@ PEER_ID = Checked("a libp2p peer id", is_peer_id)
 def serde_type(annotation: Any, metadata: Sequence[Any] = ()) -> SerdeType:
     """The serde type of a pydantic annotation. A SerdeType among its `Annotated` metadata
     states it outright (the width of an integer, a checked string, a field whose model is
-    narrower than what serde accepts); otherwise str, float, Literal (an enum of unit
+    narrower than what serde accepts); otherwise str, bool, float, Literal (an enum of unit
     variants), list, a tuple of one type (an array), `X | None`, a model (a struct) and a
     union of tagged models (`tagged`) are read as serde derives them."""
     for item in metadata:
@@ -343,6 +343,8 @@ def serde_type(annotation: Any, metadata: Sequence[Any] = ()) -> SerdeType:
         return serde_type(args[0], [*metadata, *annotation.__metadata__])
     if annotation is str:
         return Str()
+    if annotation is bool:
+        return Bool()
     if annotation is float:
         return F64()
     if origin is Literal:

@@ -68,6 +68,7 @@ from hypha.accelerate_executor.bridge.actions import (
 )
 from hypha.accelerate_executor.errors import BridgeError, ExecutorError
 from hypha.accelerate_executor.spec.job import ActionJob, ActionPeersReference, Strategy
+from hypha.accelerate_executor.training.clocks import Laps
 from hypha.accelerate_executor.training.workbench import Workbench
 
 if TYPE_CHECKING:
@@ -92,6 +93,11 @@ EARLY_RECEIVE_S = 3600.0
 # gradient is computed while they are on their way. Each is the status of an action every
 # rank reports alike, so every rank decides the same.
 BEFORE_A_BATCH = frozenset({"batch-completed", "applied-update", "received-model"})
+# The loop's clock is lapped as each action ends, so a lap runs from asking for the action
+# to having done it, the scheduler's round trip included (the worker waits for it, as
+# alpha.17's statuses count). The laps of actions that train are the TRAINING part, what
+# `sent-update`'s samples_per_second is over.
+TRAINING, OTHER = "training", "other"
 
 
 @dataclass
@@ -99,9 +105,7 @@ class _Window:
     """What was trained since the last sent update: the numbers `sent-update` reports."""
 
     batches: int = 0
-    # From asking to having trained, summed over the actions that trained: the scheduler's
-    # round trips count, since the worker waits for them (as alpha.17's statuses count).
-    seconds: float = 0.0
+    seconds: float = 0.0  # the loop clock's TRAINING part, filled in when the window closes
     loss_sum: torch.Tensor | None = None
 
 
@@ -109,6 +113,7 @@ class ActionTrainer(Workbench):
     job: ActionJob
     client: ActionBridgeClient | None  # rank 0's bridge, as the action client it is
     global_weights: GlobalWeights
+    laps: Laps  # the loop's clock, started by run()
 
     def __init__(
         self,
@@ -157,17 +162,17 @@ class ActionTrainer(Workbench):
     def run(self) -> None:
         self.announce("action protocol")
         self.say(self.speculation_note)
+        self.laps = Laps(TRAINING, OTHER)
         status: Status | None = JOINED
-        last_report = time.monotonic()
         finished = False
         try:
             while status is not None:
                 action = self.ranks.share(self._ask_and_compute(status))
+                trains = isinstance(action, ExecuteBatch) and action.batches > 0
                 if self.ahead is not None:
-                    self.ahead.settle(isinstance(action, ExecuteBatch) and action.batches > 0)
-                started = time.monotonic()
-                status = self.perform(action, last_report)
-                last_report = time.monotonic() if status is not None else started
+                    self.ahead.settle(trains)
+                status = self.perform(action)
+                self.laps.lap(TRAINING if trains else OTHER)
             tally = "" if self.ahead is None else f"; {self.ahead.tally()}"
             self.say(f"terminated by the scheduler after {self.round} round(s){tally}")
             finished = True
@@ -189,20 +194,20 @@ class ActionTrainer(Workbench):
     def _ask(self, status: Status) -> Action | None:
         return self.client.update(status) if self.client is not None else None
 
-    def perform(self, action: Action | None, last_report: float) -> Status | None:
+    def perform(self, action: Action | None) -> Status | None:
         """Does `action` on every rank; rank 0's status of it, or None at `terminate`."""
         match action:
             case ExecuteBatch(batches=batches, lr_multiplier=multiplier):
-                return self.execute_batches(batches, multiplier, last_report)
+                return self.execute_batches(batches, multiplier)
             case SendUpdate(target=target, weight=weight):
                 return self.send_update(target, weight)
             case ApplyUpdate(source=source, deadline=deadline):
                 return self.apply_update(source, deadline)
             case Idle(deadline=deadline):
-                self.wait_until(deadline, last_report)
+                self.wait_until(deadline)
                 return IDLE
             case WaitForModel(deadline=deadline):
-                self.wait_until(deadline, last_report)
+                self.wait_until(deadline)
                 return WAITED_FOR_MODEL
             case ReceiveModel(source=source, deadline=deadline):
                 return self.receive_model(source, deadline)
@@ -219,9 +224,7 @@ class ActionTrainer(Workbench):
 
     # Actions.
 
-    def execute_batches(
-        self, batches: int, lr_multiplier: float | None, last_report: float
-    ) -> Status:
+    def execute_batches(self, batches: int, lr_multiplier: float | None) -> Status:
         import torch
 
         if lr_multiplier is not None and not self.said_lr_multiplier:
@@ -231,7 +234,7 @@ class ActionTrainer(Workbench):
                 "its batch is trained at the job's own learning rate"
             )
         if batches == 0:
-            self.wait_until(0.0, last_report)
+            self.wait_until(0.0)
         for _ in range(batches):
             loss = self.ahead.stepped() if self.ahead is not None else None
             if loss is None:
@@ -241,8 +244,6 @@ class ActionTrainer(Workbench):
                 self.window.loss_sum = torch.zeros((), device=self.accelerator.device)
             self.window.loss_sum += loss
             self.window.batches += 1
-        if batches:
-            self.window.seconds += time.monotonic() - last_report
         return batch_completed(self.job.config.batch_size, batches)
 
     def send_update(self, target: ActionPeersReference, weight: float) -> Status:
@@ -250,7 +251,7 @@ class ActionTrainer(Workbench):
         (an update may never be applied to it: a late joiner's first send)."""
         local = self.weights.gather()  # a collective
         loss = self._window_loss()  # a collective too
-        window, self.window = self.window, _Window()
+        window = self._close_window()
         if self.client is None:
             return IDLE  # only rank 0's status is sent
         relative = f"pseudo-gradients/update-{self.updates_sent}.safetensors"
@@ -298,7 +299,7 @@ class ActionTrainer(Workbench):
             return problem
         self._load_global()
         self.round += 1
-        self.window = _Window()  # what was trained before it is gone from the model
+        self._close_window()  # what was trained before it is gone from the model
         return APPLIED_UPDATE
 
     def receive_model(self, source: ActionPeersReference, deadline: float) -> Status:
@@ -310,7 +311,7 @@ class ActionTrainer(Workbench):
         if problem is not None:
             return problem
         self._load_global()
-        self.window = _Window()
+        self._close_window()
         self.say("received the model from a peer")
         return RECEIVED_MODEL
 
@@ -333,9 +334,10 @@ class ActionTrainer(Workbench):
     def next_batch(self) -> Batch:
         return self.ahead.next_batch() if self.ahead is not None else super().next_batch()
 
-    def wait_until(self, deadline: float, last_report: float) -> None:
-        """Until the scheduler's deadline, and at least MIN_LOOP_S after the last status."""
-        pause = max(deadline - time.time(), last_report + MIN_LOOP_S - time.monotonic())
+    def wait_until(self, deadline: float) -> None:
+        """Until the scheduler's deadline, and at least MIN_LOOP_S after the last action
+        ended (its status was sent then)."""
+        pause = max(deadline - time.time(), MIN_LOOP_S - self.laps.since_lap)
         if pause > 0:
             time.sleep(pause)
 
@@ -390,6 +392,12 @@ class ActionTrainer(Workbench):
         finally:
             received.path.unlink(missing_ok=True)
         return None
+
+    def _close_window(self) -> _Window:
+        """The window so far, its seconds read off the loop's clock; a new one from now."""
+        window, self.window = self.window, _Window()
+        window.seconds = self.laps.take(TRAINING)
+        return window
 
     def _load_global(self) -> None:
         self.weights.load(self.global_weights.tensors if self.ranks.is_main else {})

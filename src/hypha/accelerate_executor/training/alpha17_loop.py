@@ -28,6 +28,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from hypha.accelerate_executor import telemetry
+from hypha.accelerate_executor.bridge.bodies import round_metrics
 from hypha.accelerate_executor.bridge.client import Continue, Done, Ok, ScheduleUpdate, expect
 from hypha.accelerate_executor.entry import (
     OneLineArgumentParser,
@@ -227,7 +228,7 @@ class Trainer(Workbench):
             metrics["loss"] = stats.loss
         else:
             self.say(f"warning: the round's loss is {stats.loss}; it is left out of the metrics")
-        answer = self.bridge.status({"metrics": {"round": round_number, "metrics": metrics}})
+        answer = self.bridge.status(round_metrics(round_number, metrics))
         expect(answer, Ok, sent="metrics")
         return None
 

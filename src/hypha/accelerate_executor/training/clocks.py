@@ -20,6 +20,16 @@ class Laps:
         self.parts[part] = self.parts.get(part, 0.0) + now - self._last
         self._last = now
 
+    def take(self, part: str) -> float:
+        """`part`'s seconds so far; the part starts over from zero (a window that resets)."""
+        seconds, self.parts[part] = self.parts.get(part, 0.0), 0.0
+        return seconds
+
+    @property
+    def since_lap(self) -> float:
+        """Wall time since the last lap (or the start): the part running now."""
+        return time.perf_counter() - self._last
+
     @property
     def seconds(self) -> float:
         """Wall time since the start."""

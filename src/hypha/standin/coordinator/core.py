@@ -18,6 +18,30 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from pydantic import ValidationError
+
+from hypha.accelerate_executor.bridge.actions import (
+    ACTION_REQUEST,
+    ErrorStatus,
+    SentUpdateStatus,
+    action_response,
+)
+from hypha.accelerate_executor.bridge.bodies import (
+    PROGRESS,
+    MetricsBody,
+    MetricsProgress,
+    Progress,
+    StatusBody,
+    StatusProgress,
+)
+from hypha.accelerate_executor.bridge.client import (
+    Continue,
+    Error,
+    Ok,
+    SchedulerAnswer,
+    ScheduleUpdate,
+    answer_body,
+)
 from hypha.accelerate_executor.errors import BackendError, CoordinatorRefusal, ProgressError
 from hypha.standin.backend import ERROR_KINDS, Push, RemoteFile
 from hypha.standin.console import say, warn
@@ -174,36 +198,43 @@ class CoordinatorCore:
     # Scheduler.
 
     def status(self, job_id: str, progress: Any) -> dict[str, Any]:
+        """A Progress message (bridge/bodies.PROGRESS as JSON), answered as alpha.17's
+        scheduler does."""
         with self._cond:
             record = self._record(job_id)
             try:
-                return self._answer(record, progress, time.time())
+                message = PROGRESS.validate_python(progress)
+            except ValidationError:
+                raise CoordinatorRefusal(400, "invalid_request", "not a progress message") from None
+            try:
+                return answer_body(self._answer(record, message, time.time()))
             except ProgressError as exc:
                 self._violation(record, str(exc))
-                return {"type": "Error"}
+                return answer_body(Error())
 
-    def _answer(self, record: WorkerRecord, progress: Any, now: float) -> dict[str, Any]:
+    def _answer(self, record: WorkerRecord, progress: Progress, now: float) -> SchedulerAnswer:
         current, peer = record.round, record.peer_id
-        if isinstance(progress, dict) and "status" in progress:
-            if self.scheduler.state(peer) is State.TRAINING and current.update_at is not None:
-                self._violation(record, f"status before update-received in round {current.index}")
-            samples = int(progress["status"]["batch_size"])
-            answer = self.scheduler.status(peer, samples)
-            current.batches += 1
-            current.samples += samples
-            if current.first_status_at is None:
-                current.first_status_at, current.first_batch_samples = now, samples
-            if answer["type"] == "ScheduleUpdate":
-                current.scheduled_at_batch, current.counter = current.batches, answer["counter"]
-            return answer
-        if isinstance(progress, dict) and "metrics" in progress:
-            body = progress["metrics"]
-            metrics = {key: float(value) for key, value in body["metrics"].items()}
-            record.metrics[int(body["round"])] = metrics
-            if "batches" in metrics:
-                current.trained_batches = int(metrics["batches"])
-            self._print_rounds()
-            return {"type": "Ok"}
+        match progress:
+            case StatusProgress(status=StatusBody(batch_size=samples)):
+                if self.scheduler.state(peer) is State.TRAINING and current.update_at is not None:
+                    self._violation(
+                        record, f"status before update-received in round {current.index}"
+                    )
+                answer = self.scheduler.status(peer, samples)
+                current.batches += 1
+                current.samples += samples
+                if current.first_status_at is None:
+                    current.first_status_at, current.first_batch_samples = now, samples
+                if isinstance(answer, ScheduleUpdate):
+                    current.scheduled_at_batch, current.counter = current.batches, answer.counter
+                return answer
+            case MetricsProgress(metrics=MetricsBody(round=round_number, metrics=sent)):
+                metrics = {key: float(value) for key, value in sent.items()}
+                record.metrics[round_number] = metrics
+                if "batches" in metrics:
+                    current.trained_batches = int(metrics["batches"])
+                self._print_rounds()
+                return Ok()
         if progress == "update":
             if current.update_at is not None:
                 self._violation(record, f"a second update in round {current.index}")
@@ -218,38 +249,42 @@ class CoordinatorCore:
                 )
             current.received_at = now
             answer = self.scheduler.update_received(peer)
-            if answer["type"] == "Continue":
+            if isinstance(answer, Continue):
                 record.rounds.append(RoundRecord(current.index + 1))
             return answer
-        if progress == "updated":
-            return {"type": "Ok"}
-        raise CoordinatorRefusal(400, "invalid_request", "unknown progress message")
+        return Ok()  # updated
 
     def action(self, job_id: str, request: dict[str, Any]) -> dict[str, Any]:
-        """An ActionRequest of the job's executor, answered as the action-era scheduler does."""
+        """An ActionRequest of the job's executor (bridge/actions.ACTION_REQUEST as JSON),
+        answered as the action-era scheduler does."""
         with self._cond:
             record = self._record(job_id)
             if self.actions is None:
                 raise CoordinatorRefusal(404, "connector_error", "this run plays alpha.17")
-            if request.get("job_id") != job_id:
+            try:
+                message = ACTION_REQUEST.validate_python(request)
+            except ValidationError:
+                raise CoordinatorRefusal(400, "invalid_request", "not an action request") from None
+            if message.job_id != job_id:
                 raise CoordinatorRefusal(400, "invalid_request", "the request is for another job")
-            details = request["status"]["details"]
-            if details["state"] == "sent-update":
-                # Keyed by the scheduler's round, as upstream's metrics are: a late joiner's
-                # own count starts at its first round.
-                metrics = {key: float(value) for key, value in details["metrics"].items()}
-                record.metrics[self.actions.round] = metrics
-                self._print_rounds()
-            elif details["state"] == "applied-update":
+            status = message.status.details
+            match status:
+                case SentUpdateStatus(metrics=sent):
+                    # Keyed by the scheduler's round, as upstream's metrics are: a late
+                    # joiner's own count starts at its first round.
+                    metrics = {key: float(value) for key, value in sent.items()}
+                    record.metrics[self.actions.round] = metrics
+                    self._print_rounds()
+                case ErrorStatus(type=kind, message=text):
+                    warn(self.name, f"{record.name} reports {kind}: {text}")
+            if status.state == "applied-update":
                 self._reached(record.peer_id)
                 record.round.received_at = time.time()
                 record.rounds.append(RoundRecord(record.round.index + 1))
-            elif details["state"] == "error":
-                warn(self.name, f"{record.name} reports {details['type']}: {details['message']}")
-            action = self.actions.answer(record.peer_id, details)
+            action = self.actions.answer(record.peer_id, status)
             # A late joiner that now waits for a model is no longer waited for.
             self.aggregation.maybe_start()
-            return {"job_id": job_id, "next": {"executor": "train", "action": action}}
+            return action_response(job_id, action)
 
     def _violation(self, record: WorkerRecord, what: str) -> None:
         record.violations.append(what)

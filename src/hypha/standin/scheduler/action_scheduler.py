@@ -24,7 +24,8 @@ Late joiners: `joined` after round 0 -> `wait-for-model`; the next worker to rep
 `applied-update` is told `send-model` to it (which ends its waiting), and its next
 `waited-for-model` gets `receive-model` from that worker.
 
-Not thread-safe: the coordinator calls it under its lock.
+Statuses and actions are the executor's declarations (bridge/actions.py), the shapes its
+client writes and reads. Not thread-safe: the coordinator calls it under its lock.
 """
 
 from __future__ import annotations
@@ -32,7 +33,24 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Literal
+
+from hypha.accelerate_executor.bridge.actions import (
+    Action,
+    ApplyUpdate,
+    BatchCompletedStatus,
+    ErrorStatus,
+    ExecuteBatch,
+    Idle,
+    PushToHub,
+    ReceiveModel,
+    SendModel,
+    SendUpdate,
+    Status,
+    Terminate,
+    WaitForModel,
+)
+from hypha.accelerate_executor.spec.job import ActionPeersReference, Strategy
 
 MULTI_BATCH_SIZE = 3
 SHORT_IDLE_S = 0.5
@@ -42,13 +60,8 @@ APPLY_UPDATE_S = 10.0
 UNSET_MEAN = 2**64 - 1  # statistics.rs: a mean with no sample yet is u64::MAX
 
 
-def system_time(seconds: float) -> dict[str, int]:
-    whole = int(seconds)
-    return {"secs_since_epoch": whole, "nanos_since_epoch": int((seconds - whole) * 1e9)}
-
-
-def peers(ids: list[str], strategy: str) -> dict[str, Any]:
-    return {"type": "peers", "peers": ids, "strategy": {"type": strategy}, "resource": None}
+def peers(ids: list[str], strategy: Literal["All", "One"]) -> ActionPeersReference:
+    return ActionPeersReference(type="peers", peers=ids, strategy=Strategy(type=strategy))
 
 
 def _div_toward_zero(numerator: int, denominator: int) -> int:
@@ -180,30 +193,30 @@ class ActionScheduler:
 
     # Answers.
 
-    def answer(self, peer: str, details: dict[str, Any]) -> dict[str, Any]:
-        """The train action for `peer`'s status details."""
+    def answer(self, peer: str, status: Status) -> Action:
+        """The train action for `peer`'s status."""
         worker = self.workers[peer]
-        state = details["state"]
+        match status:
+            case BatchCompletedStatus(batch_size=batch_size, batches=batches):
+                return self._on_batch(peer, worker, batch_size, batches)
+            case ErrorStatus(type=kind):
+                worker.is_pusher = False
+                return self._idle(SHORT_IDLE_S) if kind == "connection" else Terminate()
+        state = status.state
         if state == "joined":
             if self.round == 0:
                 return self._idle(SHORT_IDLE_S)
             worker.waiting_for_model = True
-            return {"kind": "wait-for-model", "timeout": self._deadline(WAIT_FOR_MODEL_S)}
+            return WaitForModel(self._deadline(WAIT_FOR_MODEL_S))
         if state == "waited-for-model":
             sender, worker.receiving_from = worker.receiving_from, None
             if sender is not None:
-                return {
-                    "kind": "receive-model",
-                    "source": peers([sender], "All"),
-                    "timeout": self._deadline(LONG_IO_S),
-                }
-            return {"kind": "wait-for-model", "timeout": self._deadline(WAIT_FOR_MODEL_S)}
+                return ReceiveModel(peers([sender], "All"), self._deadline(LONG_IO_S))
+            return WaitForModel(self._deadline(WAIT_FOR_MODEL_S))
         if state in ("received-model", "sent-model"):
             return self._idle(0.0)
         if state == "idle":
             return self._on_idle(peer, worker)
-        if state == "batch-completed":
-            return self._on_batch(peer, worker, int(details["batch_size"]), int(details["batches"]))
         if state == "sent-update":
             self.sent.add(peer)
             return self._idle(SHORT_IDLE_S)
@@ -211,41 +224,28 @@ class ActionScheduler:
             return self._on_applied(peer, worker)
         if state == "pushed-to-hub":
             self.push_done = self.push_done or worker.is_pusher
-            return {"kind": "terminate"}
-        if state == "terminated":
-            return {"kind": "terminate"}
-        if state == "error":
-            worker.is_pusher = False
-            if details["type"] == "connection":
-                return self._idle(SHORT_IDLE_S)
-            return {"kind": "terminate"}
-        raise ValueError(f"unknown train state {state!r}")
+        return Terminate()  # pushed-to-hub, terminated
 
-    def _on_idle(self, peer: str, worker: _Worker) -> dict[str, Any]:
+    def _on_idle(self, peer: str, worker: _Worker) -> Action:
         if self.training_complete and self.push_done:
-            return {"kind": "terminate"}
+            return Terminate()
         if self.aggregated_updates and not worker.applied_update:
-            return {
-                "kind": "apply-update",
-                "source": peers(self._parameter_servers(), "All"),
-                "timeout": self._deadline(APPLY_UPDATE_S),
-            }
+            return ApplyUpdate(
+                peers(self._parameter_servers(), "All"), self._deadline(APPLY_UPDATE_S)
+            )
         if self.training_complete:
             if worker.applied_final_update and not any(w.is_pusher for w in self.workers.values()):
                 worker.is_pusher = True
                 if self.push_destination is None:
                     self.push_done = True
-                    return {"kind": "terminate"}
-                repository, token = self.push_destination
-                return {"kind": "push-to-hub", "repository": repository, "token": token}
+                    return Terminate()
+                return PushToHub(*self.push_destination)
             return self._idle(SHORT_IDLE_S)
         if peer in self.sent:
             return self._idle(SHORT_IDLE_S)
         return self._train_or_send(peer, worker.samples)
 
-    def _on_batch(
-        self, peer: str, worker: _Worker, batch_size: int, batches: int
-    ) -> dict[str, Any]:
+    def _on_batch(self, peer: str, worker: _Worker, batch_size: int, batches: int) -> Action:
         now_ms = self._since_start_ms()
         if worker.last_updated_ms:  # upstream: only once its clock is past 0
             worker.mean.update(max(0, now_ms - worker.last_updated_ms), batches)
@@ -257,7 +257,7 @@ class ActionScheduler:
             return self._idle(SHORT_IDLE_S)
         return self._train_or_send(peer, contribution)
 
-    def _on_applied(self, peer: str, worker: _Worker) -> dict[str, Any]:
+    def _on_applied(self, peer: str, worker: _Worker) -> Action:
         worker.applied_update = True
         # The update's time is not a batch's: the clock starts again from here.
         worker.last_updated_ms = self._since_start_ms()
@@ -268,20 +268,16 @@ class ActionScheduler:
         if joiner is not None:
             self.workers[joiner].waiting_for_model = False
             self.workers[joiner].receiving_from = peer
-            return {"kind": "send-model", "target": peers([joiner], "One")}
-        return {"kind": "execute-batch", "batches": 1}
+            return SendModel(peers([joiner], "One"))
+        return ExecuteBatch(1)
 
-    def _train_or_send(self, peer: str, contribution: int) -> dict[str, Any]:
+    def _train_or_send(self, peer: str, contribution: int) -> Action:
         if self.count < self.target_samples:
-            return {"kind": "execute-batch", "batches": self._batches(peer)}
+            return ExecuteBatch(self._batches(peer))
         servers = self._parameter_servers()
         if not servers:
             return self._idle(SHORT_IDLE_S)  # nobody to send to: wait for a parameter server
-        return {
-            "kind": "send-update",
-            "target": peers(servers[:1], "One"),
-            "weight": contribution / self.count,
-        }
+        return SendUpdate(peers(servers[:1], "One"), contribution / self.count)
 
     def _batches(self, peer: str) -> int:
         """1 until every pool member has a mean; then its count in the simulation."""
@@ -304,8 +300,9 @@ class ActionScheduler:
     def _since_start_ms(self) -> int:
         return int((self.clock() - self._start) * 1000)
 
-    def _idle(self, seconds: float) -> dict[str, Any]:
-        return {"kind": "idle", "timeout": self._deadline(seconds)}
+    def _idle(self, seconds: float) -> Idle:
+        return Idle(self._deadline(seconds))
 
-    def _deadline(self, seconds: float) -> dict[str, int]:
-        return system_time(self.wall() + seconds)
+    def _deadline(self, seconds: float) -> float:
+        """`seconds` from now, since the epoch."""
+        return self.wall() + seconds

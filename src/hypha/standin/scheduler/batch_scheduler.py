@@ -22,8 +22,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
 
+from hypha.accelerate_executor.bridge.client import (
+    Continue,
+    Done,
+    Ok,
+    SchedulerAnswer,
+    ScheduleUpdate,
+)
 from hypha.accelerate_executor.errors import ProgressError
 
 TIME_CAP_MS = 10_000
@@ -134,7 +140,7 @@ class BatchScheduler:
     def state(self, peer: str) -> State:
         return self._tracked(peer).state
 
-    def status(self, peer: str, batch_size: int) -> dict[str, Any]:
+    def status(self, peer: str, batch_size: int) -> SchedulerAnswer:
         tracked = self._tracked(peer)
         # Counted and timed whatever the state, as upstream's tracker.update comes first.
         self.count = max(0, self.count - batch_size)
@@ -142,7 +148,7 @@ class BatchScheduler:
         tracked.interval.update(now_ms - tracked.last_ms)
         tracked.last_ms = now_ms
         if tracked.state is State.UPDATE_SCHEDULED:
-            return {"type": "Continue"}
+            return Continue()
         if tracked.state is not State.TRAINING:
             raise ProgressError(f"status while {tracked.state.value}")
         peers = list(self._workers)
@@ -154,12 +160,12 @@ class BatchScheduler:
         )
         if projection.to_go == 0 and not projection.capped:
             tracked.state = State.UPDATE_SCHEDULED
-            return {"type": "ScheduleUpdate", "counter": projection.batches[peers.index(peer)]}
-        return {"type": "Continue"}
+            return ScheduleUpdate(projection.batches[peers.index(peer)])
+        return Continue()
 
-    def update(self, peer: str) -> dict[str, Any]:
+    def update(self, peer: str) -> SchedulerAnswer:
         self._tracked(peer).state = State.UPDATING
-        return {"type": "Ok"}
+        return Ok()
 
     def updated(self) -> None:
         """The parameter server has pushed the round's update: the next round begins."""
@@ -174,13 +180,13 @@ class BatchScheduler:
     def finished(self) -> bool:
         return self.round >= self.rounds
 
-    def update_received(self, peer: str) -> dict[str, Any]:
+    def update_received(self, peer: str) -> SchedulerAnswer:
         tracked = self._tracked(peer)
         if self.finished:
             tracked.state = State.DONE
-            return {"type": "Done"}
+            return Done()
         tracked.state = State.TRAINING
-        return {"type": "Continue"}
+        return Continue()
 
     def _tracked(self, peer: str) -> Tracked:
         tracked = self._workers.get(peer)

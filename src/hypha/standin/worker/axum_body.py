@@ -52,7 +52,7 @@ def _unprocessable(detail: str) -> BridgeRefusal:
 
 
 def shaped(adapter: TypeAdapter[Any], raw: Any) -> Any:
-    """`raw` validated into the route's pydantic shape (bridge_bodies.py), or the 422 serde's error
+    """`raw` validated into the route's pydantic shape (bridge/bodies.py), or the 422 serde's error
     gives."""
     try:
         return adapter.validate_python(raw)
@@ -63,7 +63,7 @@ def shaped(adapter: TypeAdapter[Any], raw: Any) -> Any:
 
 
 def deserialized(kind: SerdeType, raw: Any) -> Any:
-    """`raw` read as the route's serde type (bridge_bodies.py) in its canonical shape, or the 422."""
+    """`raw` read as the route's serde type (bridge/bodies.py) in its canonical shape, or the 422."""
     try:
         return kind.decode(from_python(raw), ())
     except SerdeError as exc:

@@ -32,13 +32,17 @@ from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
+from hypha.accelerate_executor.bridge.bodies import (
+    DEFAULT_RECEIVE_DIR,
+    PROGRESS,
+    Progress,
+    SystemTime,
+)
 from hypha.accelerate_executor.errors import BackendError, BridgeRefusal, ErrorKind
 from hypha.accelerate_executor.spec.job import Generation
 from hypha.standin.backend import BridgeBackend, Push
 from hypha.standin.console import warn
-from hypha.standin.worker import bridge_bodies
 
-DEFAULT_RECEIVE_DIR = "incoming"
 # How long one poll for pushes waits; bounds how long stop() waits for the poller.
 PUSH_POLL_S = 0.2
 
@@ -126,7 +130,7 @@ class JobBridge:
     # What each route does; the handler parses the request and writes the answer.
 
     def fetch(self, reference: dict[str, Any]) -> list[dict[str, Any]]:
-        """`reference`: a Reference as serde decodes it (bridge_bodies.BODY_REFERENCE)."""
+        """`reference`: a Reference as serde decodes it (bridge/bodies.BODY_REFERENCE)."""
         kind = reference["type"]
         if kind == "peers":
             raise invalid_request(
@@ -177,7 +181,7 @@ class JobBridge:
         return path, relative, targets
 
     def send(self, request: dict[str, Any]) -> None:
-        """`request`: bridge_bodies.SEND_REQUEST as serde decodes it."""
+        """`request`: bridge/bodies.SEND_REQUEST as serde decodes it."""
         path, relative, targets = self._send_request(request)
         try:
             source = path.open("rb")
@@ -191,7 +195,7 @@ class JobBridge:
 
     def open_stream(self, request: dict[str, Any]) -> queue.Queue[dict[str, Any] | None] | None:
         """Registers the job's one receive stream; None when one was registered before.
-        `request`: bridge_bodies.RECEIVE_REQUEST as serde decodes it."""
+        `request`: bridge/bodies.RECEIVE_REQUEST as serde decodes it."""
         resource = request["resource"]
         if resource["type"] != "peers":
             raise invalid_request("receive takes a peers reference")
@@ -214,7 +218,7 @@ class JobBridge:
         self._stream_ended.set()
 
     def action(self, request: dict[str, Any]) -> dict[str, Any]:
-        """`request`: an ActionRequest (bridge_bodies.ACTION_REQUEST) as JSON."""
+        """`request`: an ActionRequest (bridge/actions.ACTION_REQUEST) as JSON."""
         if self.job_id is not None and request.get("job_id") != self.job_id:
             raise invalid_request("the action request is for another job")
         try:
@@ -224,7 +228,7 @@ class JobBridge:
 
     def send_now(self, request: dict[str, Any]) -> None:
         """The action-era send: every target gets the bytes before the answer; then the file
-        is deleted when `remove_file`. `request`: bridge_bodies.ACTION_SEND_REQUEST."""
+        is deleted when `remove_file`. `request`: bridge/bodies.ACTION_SEND_REQUEST."""
         path, relative, targets = self._send_request(request)
         try:
             data = path.read_bytes()
@@ -241,7 +245,7 @@ class JobBridge:
     def receive_one(self, request: dict[str, Any]) -> dict[str, Any] | None:
         """The action-era receive: the first push from the peers (any, for none named) until
         the deadline, written to `<path>/<peer>`; None when none came (204).
-        `request`: bridge_bodies.ACTION_RECEIVE_REQUEST."""
+        `request`: bridge/bodies.ACTION_RECEIVE_REQUEST."""
         resource = request["resource"]
         if resource["type"] != "peers":
             raise invalid_request("receive takes a peers reference")
@@ -302,9 +306,9 @@ class JobBridge:
         else:
             self._inbox.append(push)
 
-    def status(self, progress: Any) -> dict[str, Any]:
+    def status(self, progress: Progress) -> dict[str, Any]:
         try:
-            return self.backend.status(bridge_bodies.PROGRESS.dump_python(progress, mode="json"))
+            return self.backend.status(PROGRESS.dump_python(progress, mode="json"))
         except BackendError as exc:
             raise server_error(exc.kind, exc.detail) from None
 
@@ -430,5 +434,5 @@ def _deadline_of(request: dict[str, Any]) -> float | None:
     timeout = request.get("timeout")
     if timeout is None:
         return None
-    deadline = float(timeout["secs_since_epoch"] + timeout["nanos_since_epoch"] / 1e9)
+    deadline = SystemTime.model_validate(timeout).seconds
     return deadline if deadline >= time.time() else None

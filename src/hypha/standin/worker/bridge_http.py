@@ -14,11 +14,13 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import urlsplit
 
+from hypha.accelerate_executor.bridge import bodies
+from hypha.accelerate_executor.bridge.actions import ACTION_REQUEST
 from hypha.accelerate_executor.errors import BridgeRefusal
 from hypha.standin.serving import LISTEN_BACKLOG, TracksConnections
-from hypha.standin.worker import bridge_bodies
 from hypha.standin.worker.axum_body import deserialized, read_json, shaped
 from hypha.standin.worker.bridge_core import JobBridge
+from hypha.standin.worker.openapi import openapi_document
 
 
 class UnixHTTPServer(TracksConnections, socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
@@ -64,9 +66,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         path = urlsplit(self.path).path
         if path == "/openapi.json":
-            self._reply(
-                200, json.dumps(bridge_bodies.openapi_document()).encode(), "application/json"
-            )
+            self._reply(200, json.dumps(openapi_document()).encode(), "application/json")
         elif path in self.routes:
             self._reply(405, b"", None, allow="POST")
         else:
@@ -83,34 +83,29 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             raw = read_json(self)
             if path == "/resources/fetch":
-                reference = deserialized(bridge_bodies.BODY_REFERENCE, raw)
+                reference = deserialized(bodies.BODY_REFERENCE, raw)
                 self._reply(
                     200, json.dumps(self.bridge.fetch(reference)).encode(), "application/json"
                 )
             elif path == "/resources/send" and self.bridge.generation == "actions":
-                self.bridge.send_now(deserialized(bridge_bodies.ACTION_SEND_REQUEST, raw))
+                self.bridge.send_now(deserialized(bodies.ACTION_SEND_REQUEST, raw))
                 self._reply(200, b"", None)
             elif path == "/resources/send":
-                self.bridge.send(deserialized(bridge_bodies.SEND_REQUEST, raw))
+                self.bridge.send(deserialized(bodies.SEND_REQUEST, raw))
                 self._reply(200, b"", None)
             elif path == "/resources/receive" and self.bridge.generation == "actions":
-                received = self.bridge.receive_one(
-                    deserialized(bridge_bodies.ACTION_RECEIVE_REQUEST, raw)
-                )
+                received = self.bridge.receive_one(deserialized(bodies.ACTION_RECEIVE_REQUEST, raw))
                 if received is None:
                     self._reply(204, b"", None)
                 else:
                     self._reply(200, json.dumps(received).encode(), "application/json")
             elif path == "/resources/receive":
-                self._stream(
-                    self.bridge.open_stream(deserialized(bridge_bodies.RECEIVE_REQUEST, raw))
-                )
+                self._stream(self.bridge.open_stream(deserialized(bodies.RECEIVE_REQUEST, raw)))
             elif path == "/action/update":
-                request = shaped(bridge_bodies.ACTION_REQUEST, raw)
-                answer = self.bridge.action(request.model_dump(mode="json"))
+                answer = self.bridge.action(bodies.wire(shaped(ACTION_REQUEST, raw)))
                 self._reply(200, json.dumps(answer).encode(), "application/json")
             else:
-                answer = self.bridge.status(shaped(bridge_bodies.PROGRESS, raw))
+                answer = self.bridge.status(shaped(bodies.PROGRESS, raw))
                 self._reply(200, json.dumps(answer).encode(), "application/json")
         except BridgeRefusal as exc:
             self._reply(exc.status, exc.body, exc.content_type)

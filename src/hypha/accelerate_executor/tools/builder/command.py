@@ -110,7 +110,7 @@ class ImageBuild:
 
 def project_root() -> Path:
     """The checkout holding docker/Dockerfile: this file's, else the working directory's."""
-    for candidate in (Path(__file__).resolve().parents[4], Path.cwd(), *Path.cwd().parents):
+    for candidate in (Path(__file__).resolve().parents[5], Path.cwd(), *Path.cwd().parents):
         if (candidate / DOCKERFILE).is_file():
             return candidate
     raise ShimError(

@@ -1,0 +1,177 @@
+"""The bridge's messages are declared once (bridge/bodies.py, bridge/actions.py,
+bridge/client.py): what one side writes through a declaration, the other reads back through
+it unchanged, and the wire is upstream's spelling, pinned here in literals."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from hypha.accelerate_executor.bridge import bodies
+from hypha.accelerate_executor.bridge.actions import (
+    ACTION_REQUEST,
+    IDLE,
+    Action,
+    ApplyUpdate,
+    ExecuteBatch,
+    Idle,
+    PushToHub,
+    ReceiveModel,
+    SendModel,
+    SendUpdate,
+    Status,
+    Terminate,
+    WaitForModel,
+    action_request,
+    action_response,
+    batch_completed,
+    error_status,
+    parse_action_response,
+    sent_update,
+)
+from hypha.accelerate_executor.bridge.client import (
+    Continue,
+    Done,
+    Error,
+    Ok,
+    SchedulerAnswer,
+    ScheduleUpdate,
+    answer_body,
+    parse_answer,
+)
+from hypha.accelerate_executor.errors import SerdeError
+from hypha.accelerate_executor.spec.job import PeersReference, Strategy
+from hypha.accelerate_executor.spec.serde_json import from_python
+from hypha.standin.scheduler.action_scheduler import peers
+
+JOB_ID = "0b7f3c52-9a1e-4c55-8d2a-3f6e1b9d4a10"
+PS = "12D3KooWJ6MBkbH3o7j2yhhDAF7gRxA4Zm5cpuEUr2Znp1VvNBw3"
+AT = 1_700_000_000.25  # exact in binary, so a SystemTime round trip is too
+
+ACTIONS: list[Action] = [
+    Idle(AT),
+    WaitForModel(AT),
+    ReceiveModel(peers([PS], "All"), AT),
+    SendModel(peers([PS], "One")),
+    ExecuteBatch(3),
+    ExecuteBatch(1, 0.5),
+    SendUpdate(peers([PS], "One"), 0.25),
+    ApplyUpdate(peers([PS], "All"), AT),
+    PushToHub("hf/repo", "token"),
+    Terminate(),
+]
+
+
+def json_round_trip(value: object) -> object:
+    return json.loads(json.dumps(value, allow_nan=False))
+
+
+@pytest.mark.parametrize("action", ACTIONS, ids=lambda a: type(a).__name__)
+def test_an_action_the_stand_in_writes_is_the_one_the_executor_reads(action: Action) -> None:
+    wire = json_round_trip(action_response(JOB_ID, action))
+    assert parse_action_response(wire, JOB_ID) == action
+
+
+def test_an_action_is_spelled_as_upstreams() -> None:
+    assert action_response(JOB_ID, ApplyUpdate(peers([PS], "All"), AT)) == {
+        "job_id": JOB_ID,
+        "next": {
+            "executor": "train",
+            "action": {
+                "kind": "apply-update",
+                "source": {
+                    "type": "peers",
+                    "peers": [PS],
+                    "strategy": {"type": "All"},
+                    "resource": None,
+                },
+                "timeout": {"secs_since_epoch": 1_700_000_000, "nanos_since_epoch": 250_000_000},
+            },
+        },
+    }
+
+
+def test_a_deadline_never_carries_a_whole_second_of_nanos() -> None:
+    assert bodies.SystemTime.at(1.9999999999) == bodies.SystemTime(
+        secs_since_epoch=2, nanos_since_epoch=0
+    )
+
+
+STATUSES: list[Status] = [
+    IDLE,
+    batch_completed(8, 0),
+    sent_update(2, {"loss": 1.5, "skipped": float("nan")}),
+    error_status("connection", "the\n bridge   went away"),
+]
+
+
+@pytest.mark.parametrize("status", STATUSES, ids=lambda s: s.state)
+def test_a_status_the_executor_writes_is_the_one_the_stand_in_reads(status: Status) -> None:
+    request = ACTION_REQUEST.validate_python(json_round_trip(action_request(JOB_ID, status)))
+    assert request.job_id == JOB_ID and request.status.details == status
+
+
+def test_a_status_is_spelled_as_upstreams() -> None:
+    assert action_request(JOB_ID, sent_update(2, {"loss": 1.5, "skipped": float("nan")})) == {
+        "job_id": JOB_ID,
+        "status": {
+            "executor": "train",
+            "details": {"state": "sent-update", "round": 2, "metrics": {"loss": 1.5}},
+        },
+    }
+
+
+ANSWERS: list[SchedulerAnswer] = [Ok(), Continue(), ScheduleUpdate(4), Done(), Error()]
+
+
+@pytest.mark.parametrize("answer", ANSWERS, ids=lambda a: type(a).__name__)
+def test_an_answer_the_stand_in_writes_is_the_one_the_executor_reads(
+    answer: SchedulerAnswer,
+) -> None:
+    assert parse_answer(json_round_trip(answer_body(answer))) == answer
+
+
+def test_progress_is_spelled_as_upstreams_and_read_back() -> None:
+    written = [
+        (bodies.batch_status(8), {"status": {"batch_size": 8}}),
+        (
+            bodies.round_metrics(1, {"loss": 2.0}),
+            {"metrics": {"round": 1, "metrics": {"loss": 2.0}}},
+        ),
+        ("update", "update"),
+    ]
+    assert answer_body(ScheduleUpdate(4)) == {"type": "ScheduleUpdate", "counter": 4}
+    for progress, wire in written:
+        assert bodies.PROGRESS.dump_python(progress) == wire
+        assert bodies.PROGRESS.validate_python(wire) == progress
+
+
+def test_the_request_bodies_the_client_writes_are_what_the_stand_ins_serde_reads() -> None:
+    alpha17 = PeersReference(type="peers", peers=[PS], strategy=Strategy(type="All"))
+    action_era = peers([PS], "All")
+    deadline = time.time() + 60
+    written = [
+        (bodies.SEND_REQUEST, bodies.SendRequest(resource=alpha17, path="update.safetensors")),
+        (bodies.RECEIVE_REQUEST, bodies.ReceiveRequest(resource=alpha17, path="incoming")),
+        (
+            bodies.ACTION_SEND_REQUEST,
+            bodies.ActionSendRequest(resource=action_era, path="u.safetensors", remove_file=True),
+        ),
+        (
+            bodies.ACTION_RECEIVE_REQUEST,
+            bodies.ActionReceiveRequest(
+                resource=action_era, path="incoming", timeout=bodies.SystemTime.at(deadline)
+            ),
+        ),
+    ]
+    for serde, body in written:
+        wire = json_round_trip(bodies.wire(body))
+        assert serde.decode(from_python(wire), ()) == wire
+        assert type(body).model_validate(wire) == body
+    # What serde refuses: a send without `remove_file` to an action-era bridge.
+    with pytest.raises(SerdeError, match="remove_file"):
+        bodies.ACTION_SEND_REQUEST.decode(
+            from_python({"resource": bodies.wire(action_era), "path": "x"}), ()
+        )
