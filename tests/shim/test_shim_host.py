@@ -168,7 +168,7 @@ def test_sigkill_of_the_shim_ends_the_group(
     pgid = _launcher_pgid(worker_job)
     process.kill()
     process.wait()
-    wait_until(lambda: not _group_alive(pgid), timeout=5)  # the watchdog's work
+    wait_until(lambda: not _group_alive(pgid), timeout=30)  # the watchdog's work, not its speed
 
 
 def test_venv_location_follows_the_bundle(fake_bundle: Path, cache: Path, monkeypatch: Any) -> None:
@@ -251,3 +251,22 @@ def test_a_real_job_through_the_bundle(
     assert record["leaks"] == []
     # The job ran in the prepared venv, not in one the launcher made anew.
     assert [p.name for p in real_bundle_venv.parent.iterdir()] == [real_bundle_venv.name]
+
+
+def test_the_guard_runs_before_the_group_does(tmp_path: Path) -> None:
+    """No moment in which a SIGKILLed shim leaks its group: the watchdog is already running
+    when the group's first command starts (a guard started after the work left a window as
+    long as a Python start, which under load outlasted the test above)."""
+    from hypha.accelerate_executor.shim.mps_bundle import run_group
+    from hypha.accelerate_executor.supervisor import Interrupts
+
+    seen = tmp_path / "guards"
+    # The group's command lists the watchdogs whose parent is this process (the shim here);
+    # the pattern does not match the command line of the sh that greps for it.
+    script = (
+        "for p in /proc/[0-9]*; do "
+        f'[ "$(cut -d" " -f4 $p/stat 2>/dev/null)" = {os.getpid()} ] && '
+        f"grep -qa 'shim[.]watchdog' $p/cmdline 2>/dev/null && echo guard >> {seen}; done; true"
+    )
+    assert run_group(["sh", "-c", script], dict(os.environ), Interrupts(signals=())) == 0
+    assert seen.read_text() == "guard\n"

@@ -20,7 +20,7 @@ from hypha.accelerate_executor.shim.container_spec import ContainerSpec
 from hypha.accelerate_executor.shim.engine import explain, gone_counts_as_done, remove_container
 from hypha.accelerate_executor.shim.line_writer import LineWriter
 from hypha.accelerate_executor.shim.reaper import reap_stale
-from hypha.accelerate_executor.shim.watchdog import guard_container
+from hypha.accelerate_executor.shim.watchdog import Watchdog
 from hypha.accelerate_executor.supervisor import DRAIN_S, GRACE_S, Interrupts
 
 if TYPE_CHECKING:
@@ -74,11 +74,16 @@ def run_container(api: APIClient, spec: ContainerSpec, interrupts: Interrupts) -
 
     if interrupts.signum is not None:  # cancelled while starting up: nothing to create
         return Outcome(interrupts.exit_code, False, interrupts.signal_name)
+    watchdog = Watchdog("container")
     try:
         container_id = api.create_container(**spec.create_kwargs(api))["Id"]
     except APIError as exc:
+        watchdog.disarm()
         raise DockerError(f"cannot create the container: {explain(exc)}") from None
-    watchdog = guard_container(container_id)
+    except BaseException:
+        watchdog.disarm()
+        raise
+    watchdog.arm(container_id)
     try:
         return _run_created(api, container_id, interrupts)
     finally:

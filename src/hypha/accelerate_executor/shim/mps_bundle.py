@@ -25,7 +25,7 @@ from pathlib import Path
 from hypha.accelerate_executor.errors import DockerError, ShimError
 from hypha.accelerate_executor.platform.image_tags import HOST_VARIANT, build_command
 from hypha.accelerate_executor.shim.line_writer import LineWriter
-from hypha.accelerate_executor.shim.watchdog import guard_process_group
+from hypha.accelerate_executor.shim.watchdog import Watchdog
 from hypha.accelerate_executor.supervisor import Interrupts, Supervisor
 
 LAUNCHER = "hypha-accelerate-mps"
@@ -77,11 +77,12 @@ def run_group(command: list[str], env: dict[str, str], interrupts: Interrupts) -
     re-printing its stdout line by line, guarded against this process being SIGKILLed."""
     out = LineWriter(sys.stdout.fileno())
     supervisor = Supervisor(interrupts)
-    process = supervisor.start(
-        command, env, on_output=lambda chunk: out.feed(chunk) if chunk else out.close()
-    )
-    watchdog = guard_process_group(process.pid)
+    watchdog = Watchdog("process-group")
     try:
+        process = supervisor.start(
+            command, env, on_output=lambda chunk: out.feed(chunk) if chunk else out.close()
+        )
+        watchdog.arm(str(process.pid))
         return supervisor.wait()
     finally:
         watchdog.disarm()

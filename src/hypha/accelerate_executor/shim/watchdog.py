@@ -3,61 +3,55 @@
 The worker SIGKILLs the shim when it outlives the 5 s after SIGTERM, and a SIGKILLed shim
 cannot stop what it started: a container keeps running (and, never auto-removed, stays
 behind once it exits), a host process group keeps training. The guard is a separate
-session, so neither the worker's signals nor a terminal's reach it; it sleeps until its
-parent is gone, then force-removes the container or kills the process group. A shim that
-ends normally kills its guard first.
+session, so neither the worker's signals nor a terminal's reach it.
 
-    python -m hypha.accelerate_executor.shim.watchdog PARENT_PID container ID
-    python -m hypha.accelerate_executor.shim.watchdog PARENT_PID process-group PGID
+The shim starts its guard before what it guards, and names the target (the container's id,
+the group's id) on the guard's stdin as soon as it exists: a guard started after the work
+left a window, as long as a Python start under load, in which a SIGKILL leaked the work. The
+guard then waits for its stdin to close, which the kernel does when the shim dies however it
+dies, and force-removes the container or kills the process group. A shim that ends normally
+kills its guard first.
+
+    python -m hypha.accelerate_executor.shim.watchdog container        (stdin: ID)
+    python -m hypha.accelerate_executor.shim.watchdog process-group    (stdin: PGID)
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import select
 import signal
 import subprocess
 import sys
-import time
+from typing import Literal
+
+Kind = Literal["container", "process-group"]
 
 
 class Watchdog:
-    def __init__(self, kind: str, target: str) -> None:
+    """A guard for work about to start: `arm(target)` once it exists, `disarm()` once it is
+    cleaned up normally."""
+
+    def __init__(self, kind: Kind) -> None:
         self._process = subprocess.Popen(
-            [sys.executable, "-m", __name__, str(os.getpid()), kind, target],
-            stdin=subprocess.DEVNULL,
+            [sys.executable, "-m", __name__, kind],
+            stdin=subprocess.PIPE,
             # Not the shim's stdout: the worker reads that pipe until every writer closes it.
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
 
+    def arm(self, target: str) -> None:
+        assert self._process.stdin is not None
+        self._process.stdin.write(f"{target}\n".encode())
+        self._process.stdin.flush()
+
     def disarm(self) -> None:
         self._process.kill()
         self._process.wait()
-
-
-def guard_container(container_id: str) -> Watchdog:
-    return Watchdog("container", container_id)
-
-
-def guard_process_group(pgid: int) -> Watchdog:
-    return Watchdog("process-group", str(pgid))
-
-
-def wait_for_exit(parent: int) -> None:
-    try:
-        pidfd = os.pidfd_open(parent)
-    except (AttributeError, OSError):  # macOS, or a kernel before 5.3
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        return
-    # If the parent died before pidfd_open, this process has been re-parented and the pid
-    # may already name another process.
-    if os.getppid() == parent:
-        select.select([pidfd], [], [])
-    os.close(pidfd)
+        if self._process.stdin is not None:
+            self._process.stdin.close()
 
 
 def cleanup(kind: str, target: str) -> None:
@@ -71,8 +65,11 @@ def cleanup(kind: str, target: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    parent, kind, target = int(argv[0]), argv[1], argv[2]
-    wait_for_exit(parent)
+    kind = argv[0]
+    target = sys.stdin.readline().strip()
+    if not target:  # the shim died before its work existed, or between starting it and
+        return 0  # naming it (one write's time): nothing is known to clean up
+    sys.stdin.read()  # until the shim is gone
     try:
         cleanup(kind, target)
     except Exception:
