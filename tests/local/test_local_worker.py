@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
 import textwrap
 import threading
@@ -259,3 +261,42 @@ def test_executor_entries_from_presets_and_toml(tmp_path):
         load_toml_entry(broken)
     with pytest.raises(UsageError, match="cannot read"):
         load_toml_entry(tmp_path / "missing.toml")
+
+
+def test_a_lingering_worker_outlasts_the_coordinator_and_leaves_when_stopped(
+    make_coordinator, short_dir, tmp_path
+):
+    """`local worker --linger`, as compose runs it: compose ends the run at the first
+    container's exit, which must be the coordinator's (its code is the verdict). So after its
+    job the worker stays, even once the coordinator has stopped serving, until SIGTERM, and
+    then exits with its job's code."""
+    coordinator = make_coordinator(workers=1)
+    config = tmp_path / "worker.toml"
+    config.write_text(
+        '[[executors]]\nclass = "train"\nruntime = "process"\n'
+        f'cmd = {json.dumps(sys.executable)}\nargs = ["-c", "import sys; sys.exit(3)"]\n'
+    )
+    worker = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "hypha.accelerate_executor.cli", "local", "worker"),
+            *("--name", "w1", "--coordinator", coordinator.url, "--linger"),
+            *("--executor", f"toml:{config}", "--work-base", str(short_dir)),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_for(
+            lambda: coordinator.summary()["workers"].get("w1", {}).get("exit_code") == 3,
+            "the job's exit",
+            timeout_s=60,
+        )
+        coordinator.stop()
+        # The old worker polled the coordinator every second and left once it was gone.
+        with pytest.raises(subprocess.TimeoutExpired):
+            worker.wait(timeout=5)
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 3, worker.stdout.read().decode() if worker.stdout else ""
+    finally:
+        worker.kill()
+        worker.wait()

@@ -161,6 +161,21 @@ def test_remote_code_runs_only_sandboxed_or_trusted(
     assert f"env trust {'1' if trusted else '-'}" in result.stdout.decode().splitlines()
 
 
+def test_the_executor_keeps_only_the_forwarded_variables(
+    fake_image: str, worker_job: WorkerJob
+) -> None:
+    """OMP_NUM_THREADS (its share of the cores) and QEMU_CPU (the emulated CPU model) pass
+    from the shim's environment into the container; nothing else of it does."""
+    worker_job.plan()
+    env = {"OMP_NUM_THREADS": "3", "QEMU_CPU": "neoverse-n1", "HYPHA_SHIM_ONLY": "x"}
+    result = worker_job.run(env=env)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.decode().splitlines()
+    assert {"env OMP_NUM_THREADS 3", "env QEMU_CPU neoverse-n1", "env HYPHA_SHIM_ONLY -"} <= set(
+        lines
+    )
+
+
 def test_the_shim_runs_without_torch(fake_image: str, worker_job: WorkerJob) -> None:
     """The host side installs without torch: a job, worker-config and doctor all run with
     the training stack made unimportable. Doctor meets an engine that is not there, so its

@@ -214,8 +214,9 @@ def _parser() -> OneLineArgumentParser:
     worker.add_argument(
         "--linger",
         action="store_true",
-        help="after the job, stay until the coordinator is gone (compose: the coordinator's "
-        "exit ends the run, so workers must not end it first)",
+        help="after the job, stay until stopped (SIGTERM or SIGINT), then exit with the job's "
+        "code (compose: the first container to exit ends the run, and that must be the "
+        "coordinator)",
     )
     return parser
 
@@ -286,8 +287,6 @@ def _with_run_options(args: argparse.Namespace) -> int:
     with coordinator, cancel_on_signals(coordinator):
         say("coordinator", f"listening on {host}:{port}; waiting for {options.workers} workers")
         supervise(coordinator, coordinator.finished, args.timeout)
-        # The report is written while still serving: lingering workers leave (and compose
-        # ends the run) only once the coordinator is gone.
         passed = finish(coordinator.summary(), args.out, prefix="coordinator")
     return EXIT_OK if passed else EXIT_FAILED
 
@@ -317,7 +316,11 @@ def _worker(args: argparse.Namespace) -> int:
         signal.signal(signum, cancel)
     exit_code = serve_one_job(client, worker)
     if args.linger:
+        # Not "until the coordinator is gone": its process outlives its server by the
+        # interpreter's teardown, which under QEMU took over 10 s, and a worker that left
+        # first ended compose's run with the coordinator killed (137) instead of its verdict.
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, lambda signum, frame: sys.exit(exit_code))
-        client.wait_until_gone()
+        while True:
+            signal.pause()
     return exit_code

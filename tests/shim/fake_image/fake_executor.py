@@ -53,6 +53,8 @@ bridge.connect(args.socket)
 bridge.close()
 print("bridge reachable", flush=True)
 print(f"env trust {os.environ.get('HYPHA_TRUST_REMOTE_CODE', '-')}", flush=True)
+for name in ("OMP_NUM_THREADS", "QEMU_CPU", "HYPHA_SHIM_ONLY"):
+    print(f"env {name} {os.environ.get(name, '-')}", flush=True)
 
 for i in range(plan.get("lines", 0)):
     print(f"line {i}", flush=True)

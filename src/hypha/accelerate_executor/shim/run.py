@@ -70,6 +70,12 @@ PROG = "hypha-accelerate run"
 _SIZE = re.compile(r"\d+(\.\d+)?[bkmgBKMG]?")
 USER_PATTERN = re.compile(r"\d+:\d+")
 _GPUS = re.compile(r"all|[\w-]+(,[\w-]+)*")
+# The shim's variables the executor keeps. OMP_NUM_THREADS: executors sharing a host each take
+# their share of its cores, since oversubscribed torch threads slow every one of them down
+# several times. QEMU_CPU: on an emulated arm64 host (QEMU user mode) the CPU model the
+# executor is emulated as, which must match the shim's own: QEMU's default, `max`, has SVE,
+# whose emulation makes torch's matmuls 15-20 times slower than NEON's (docs/images.md).
+FORWARDED_ENV = ("OMP_NUM_THREADS", "QEMU_CPU")
 
 
 def pattern_arg(pattern: re.Pattern[str], what: str) -> Callable[[str], str]:
@@ -205,10 +211,7 @@ def run(args: argparse.Namespace, interrupts: Interrupts) -> int:
         socket, work_dir, "@" + job_path, args.accelerate_config, args.num_processes
     )
     env = {"HYPHA_TRUST_REMOTE_CODE": "1"} if remote_code_allowed(args) else {}
-    # Executors sharing a host each take their share of its cores: oversubscribed torch
-    # threads slow every one of them down several times.
-    if "OMP_NUM_THREADS" in os.environ:
-        env["OMP_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"]
+    env.update({name: os.environ[name] for name in FORWARDED_ENV if name in os.environ})
     if args.variant == HOST_VARIANT:
         return run_bundle(args.bundle, command, env, interrupts)
     return _run_container(args, job_id, work_dir, (uid, gid), command, env, interrupts)

@@ -107,14 +107,6 @@ class CoordinatorClient:
                     ) from exc
                 time.sleep(0.5)
 
-    def wait_until_gone(self, poll_s: float = 1.0) -> None:
-        while True:
-            try:
-                self.call("GET", "/health")
-            except BackendError:
-                return
-            time.sleep(poll_s)
-
     def request_job(self, worker: str) -> str:
         """The job JSON for this worker (as the worker passes it on: one string)."""
         try:
