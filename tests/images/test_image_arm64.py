@@ -11,7 +11,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from image_harness import (
@@ -72,7 +72,11 @@ def test_the_image_is_arm64_with_the_rows_cpu_torch(docker_api: Any, arm64_image
     print(f"arm64 cpu image: {found['Size'] / 1e9:.2f} GB, torch {seen['torch']}")
 
 
-def test_two_round_job_in_the_arm64_image(arm64_image: str, work_base: Path) -> None:
+# Both generations of the Hypha side; each keys its metrics by its own round numbers.
+@pytest.mark.parametrize(("generation", "rounds"), [("alpha17", [1, 2]), ("actions", [0, 1])])
+def test_two_round_job_in_the_arm64_image(
+    arm64_image: str, work_base: Path, generation: Literal["alpha17", "actions"], rounds: list[int]
+) -> None:
     # One torch thread and two steps a round: under QEMU, a second OpenMP thread spinning on
     # an emulated core costs more than it brings (with two threads and four steps a round
     # the job had not finished its first round after 20 minutes on a loaded 2-core host).
@@ -82,14 +86,15 @@ def test_two_round_job_in_the_arm64_image(arm64_image: str, work_base: Path) -> 
     env = ("--env", "OMP_NUM_THREADS=1", "--env", "QEMU_CPU=neoverse-n1")
     entry = dataclasses.replace(entry, args=(entry.args[0], *env, *entry.args[1:]))
     started = time.monotonic()
-    record = run_job(entry, work_base, RunOptions(workers=1, rounds=2, steps_per_round=2))
+    options = RunOptions(workers=1, rounds=2, steps_per_round=2, generation=generation)
+    record = run_job(entry, work_base, options)
     took = time.monotonic() - started
     assert record["exit_code"] == 0
     assert record["rounds_completed"] == 2
-    assert sorted(record["metrics"]) == [1, 2]
+    assert sorted(record["metrics"]) == rounds
     assert record["leaks"] == []
     emulated = "under QEMU" if os.uname().machine != "aarch64" else "native"
-    print(f"2-round job in {arm64_image} ({emulated}): {took:.0f} s")
+    print(f"2-round {generation} job in {arm64_image} ({emulated}): {took:.0f} s")
 
 
 # What an arm64 host's /proc/cpuinfo says (two Neoverse N1 cores). QEMU user emulation shows
