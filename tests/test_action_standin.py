@@ -65,7 +65,7 @@ def test_a_late_joiner_starts_from_the_trained_model_and_tied_gpt2_merges(
             it the model), and from round 2 on once it has the model."""
             if state != "batch-completed" or coordinator.actions is None:
                 return False
-            assigned = any(record.name == "w3" for record in list(coordinator.workers.values()))
+            assigned = "w3" in coordinator.summary()["workers"]
             return (coordinator.actions.round >= 1 and not assigned) or (
                 coordinator.actions.round >= 2 and not joiner_has_the_model.is_set()
             )
