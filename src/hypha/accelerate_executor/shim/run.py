@@ -72,9 +72,9 @@ USER_PATTERN = re.compile(r"\d+:\d+")
 _GPUS = re.compile(r"all|[\w-]+(,[\w-]+)*")
 # The shim's variables the executor keeps. OMP_NUM_THREADS: executors sharing a host each take
 # their share of its cores, since oversubscribed torch threads slow every one of them down
-# several times. QEMU_CPU: on an emulated arm64 host (QEMU user mode) the CPU model the
-# executor is emulated as, which must match the shim's own: QEMU's default, `max`, has SVE,
-# whose emulation makes torch's matmuls 15-20 times slower than NEON's (docs/images.md).
+# several times. QEMU_CPU: on an emulated arm64 host (QEMU user mode), the CPU model the
+# executor is emulated as, the shim's own: QEMU's default, `max`, has SVE, whose emulation
+# makes torch's matmuls 15-20 times slower than NEON's (docs/images.md).
 FORWARDED_ENV = ("OMP_NUM_THREADS", "QEMU_CPU")
 
 
