@@ -346,6 +346,13 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
         "is on its way, step on it only if the answer is execute-batch (default on; off "
         f"awaits each answer; also ${SPECULATIVE_STEP_ENV})",
     )
+    parser.add_argument(
+        "--model-dir",
+        type=Path,
+        default=os.environ.get("HYPHA_MODEL_DIR") or None,
+        help="action protocol: where the final model is written in Hugging Face layout at "
+        "terminate, whether or not it was pushed (default: nowhere; also $HYPHA_MODEL_DIR)",
+    )
     arguments = parser.parse_args(argv)
     # Remote code in a model repository runs only when the operator opts in.
     arguments.trust_remote_code = os.environ.get("HYPHA_TRUST_REMOTE_CODE", "") in TRUTHY
@@ -417,7 +424,9 @@ def main(argv: list[str] | None = None) -> int:
             arguments.trust_remote_code,
         )
         if isinstance(job, ActionJob):
-            ActionTrainer(job, *settings, arguments.speculative_step).run()
+            ActionTrainer(
+                job, *settings, arguments.speculative_step, model_dir=arguments.model_dir
+            ).run()
         else:
             Trainer(job, *settings).run()
         return EXIT_OK
