@@ -53,6 +53,7 @@ from hypha.accelerate_executor.shim.container_spec import (
     launcher_args,
 )
 from hypha.accelerate_executor.shim.engine import connect, find_image, root_cause
+from hypha.accelerate_executor.shim.hub_upload import HubUpload
 from hypha.accelerate_executor.shim.jobfile import write_job_file
 from hypha.accelerate_executor.shim.mount_source import host_work_dir
 from hypha.accelerate_executor.shim.mps_bundle import run_bundle
@@ -241,6 +242,14 @@ def _run_container(
     relay = _start_relay(work_dir, owner)  # stopped below, whatever happens after this
     if relay is not None:
         env.update(relay.container_env(os.environ))
+    # push-to-hub from the host (shim/hub_upload.py): the container keeps no network.
+    hub_upload = HubUpload(work_dir, owner)
+    try:
+        hub_upload.start()
+    except OSError as exc:
+        _say(f"push-to-hub off: cannot serve {hub_upload.socket_path}: {exc.strerror or exc}")
+    else:
+        env.update(hub_upload.container_env())
     spec = ContainerSpec(
         image=image,
         command=command,
@@ -268,6 +277,7 @@ def _run_container(
     finally:
         if relay is not None:
             relay.stop()
+        hub_upload.stop()
     if outcome.cancelled_by:
         _say(f"cancelled by {outcome.cancelled_by}; container stopped (exit {outcome.exit_code})")
         return interrupts.exit_code

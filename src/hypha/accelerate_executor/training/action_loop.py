@@ -334,14 +334,14 @@ class ActionTrainer(Workbench):
     def push_to_hub(self, repository: str, token: str) -> Status:
         """The final model, written in Hugging Face layout into the work dir (and the model
         dir when there is one) by rank 0, uploaded to `repository` (hub_push.py)."""
-        from hypha.accelerate_executor.training.hub_push import push_folder
+        from hypha.accelerate_executor.training.hub_push import push
 
         folder = self.work_dir / EXPORT_DIR
         self.write_model(folder)
         if self.client is None:
             return IDLE  # only rank 0's status is sent
         try:
-            url = push_folder(folder, repository, token)
+            url = push(folder, repository, token)
         except ExecutorError as exc:
             self.say(str(exc))
             return error_status("other", str(exc))

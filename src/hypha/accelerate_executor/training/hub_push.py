@@ -11,11 +11,60 @@ PushError whose one line names the repository and what the Hub said.
 
 from __future__ import annotations
 
+import http.client
+import json
+import os
+import socket
 from pathlib import Path
 
 from hypha.accelerate_executor.errors import PushError
 
 COMMIT_MESSAGE = "Trained with Hypha (DiLoCo)"
+# Set by the shim in a container without network: the Unix socket on which the shim takes
+# the upload over and does it from the host (shim/hub_upload.py).
+SOCKET_VARIABLE = "HYPHA_HUB_SOCKET"
+PUSH_ROUTE = "/push"
+
+
+def push(folder: Path, repository: str, token: str) -> str:
+    """Uploads `folder` to `repository`: through the shim when it offers (a container has no
+    network), else from here. The commit's URL; PushError with one line when it failed."""
+    socket_path = os.environ.get(SOCKET_VARIABLE)
+    if socket_path:
+        return push_through_shim(Path(socket_path), folder, repository, token)
+    return push_folder(folder, repository, token)
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, socket_path: Path) -> None:
+        super().__init__("hub-upload")  # the shim answers whatever host is named
+        self._socket_path = socket_path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(str(self._socket_path))
+
+
+def push_through_shim(socket_path: Path, folder: Path, repository: str, token: str) -> str:
+    """Asks the shim to upload `folder` (in the work dir, which the host sees at the same
+    path): the token travels in the request's body over a socket only the job's uid can
+    open, never in an environment, an argv or a file. Waits as long as the upload takes."""
+    body = json.dumps({"folder": str(folder), "repository": repository, "token": token})
+    connection = _UnixConnection(socket_path)
+    try:
+        connection.request("POST", PUSH_ROUTE, body.encode(), {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        answer = json.loads(response.read() or b"{}")
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        raise PushError(
+            f"pushing the model to {repository} failed: the shim's upload socket "
+            f"{socket_path}: {exc}"
+        ) from None
+    finally:
+        connection.close()
+    if response.status != 200:
+        raise PushError(str(answer.get("error") or f"the shim answered {response.status}"))
+    return str(answer.get("commit_url", ""))
 
 
 def push_folder(folder: Path, repository: str, token: str) -> str:
