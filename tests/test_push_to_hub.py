@@ -129,5 +129,6 @@ def test_the_final_model_is_pushed_and_a_refused_push_asks_the_next_worker(
     model.save_pretrained(reference)
     for name in repo.files:
         assert repo.files[name] == (reference / name).read_bytes(), name
+    (w1_kept,) = kept.iterdir()  # a folder named after w1's job
     for name, data in repo.files.items():
-        assert (kept / name).read_bytes() == data, name
+        assert (w1_kept / name).read_bytes() == data, name

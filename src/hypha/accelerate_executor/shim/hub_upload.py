@@ -41,8 +41,9 @@ class FolderRefused(Exception):
 
 
 def private_copy(folder: str, work_dir: str, into: Path) -> list[str]:
-    """Copies the regular files directly in `folder` (inside `work_dir`) into `into`; their
-    names. A link, a subfolder or a path outside the work dir is refused or skipped."""
+    """Copies the regular files directly in `folder` (inside `work_dir`) into `into` (which
+    must not hold them yet); their names. A link, a subfolder or a path outside the work dir
+    is refused or skipped. Also how the shim copies a kept model out (run.py)."""
     root = os.path.realpath(work_dir)
     real = os.path.realpath(folder)
     if os.path.commonpath([root, real]) != root or real == root:

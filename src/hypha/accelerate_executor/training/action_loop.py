@@ -349,10 +349,11 @@ class ActionTrainer(Workbench):
         return PUSHED_TO_HUB
 
     def keep_model(self) -> None:
-        """At `terminate`: the final model into the operator's model dir, if one is set, so
-        that nothing trained is lost when the job has no destination."""
+        """At `terminate`: the final model into the operator's model dir, if one is set, in a
+        folder named after the job (one job's model never overwrites another's), so that
+        nothing trained is lost when the job has no destination."""
         if self.model_dir is not None:
-            self.write_model(self.model_dir)
+            self.write_model(self.model_dir / self.job.job_id)
 
     def write_model(self, folder: Path) -> None:
         """Rank 0 writes theta_global as a Hugging Face folder (model_export.py)."""
