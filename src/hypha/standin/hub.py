@@ -134,7 +134,10 @@ class HubStandin:
                 staged[value["path"]] = blob
             else:
                 return 400, {"error": f"unknown commit line {key!r}"}
-        oid = hashlib.sha1(json.dumps(sorted(staged)).encode() + summary.encode()).hexdigest()
+        digest = hashlib.sha1(summary.encode())
+        for path in sorted(staged):
+            digest.update(path.encode() + b"\0" + hashlib.sha256(staged[path]).digest())
+        oid = digest.hexdigest()
         with self.lock:
             self.repos[repo].files.update(staged)
             self.repos[repo].commits.append(summary)

@@ -1,8 +1,8 @@
 """`push-to-hub{repository, token}`: the trained model's folder (model_export.py) uploaded to
 a Hugging Face repository with `huggingface_hub`, which reads the Hub's address from
-HF_ENDPOINT (default https://huggingface.co). As upstream's executor does, the repository
-is created if it is missing (private: a trained model is the network's, not the world's
-until its owner says so) and the folder is committed to it in one commit.
+HF_ENDPOINT (default https://huggingface.co). The repository is created if it is missing,
+private (our choice: a trained model is not the world's until its owner says so), and the
+folder is committed to it in one commit.
 
 The token goes into the client's Authorization header only: never into a message, since the
 scheduler's `error{other}` line and the worker's log are read by others. A failure is a
