@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from hypha.accelerate_executor.training.distributed import canonical_names
@@ -51,3 +52,17 @@ def test_the_folder_is_save_pretrained_of_the_global_weights_with_the_tokenizer(
     assert not torch.equal(
         model.state_dict()["transformer.wte.weight"], global_weights["transformer.wte.weight"]
     )
+
+
+def test_a_model_dir_the_executor_cannot_make_is_refused_before_training(tmp_path: Path) -> None:
+    from hypha.accelerate_executor.errors import UsageError
+    from hypha.accelerate_executor.training.alpha17_loop import parse_arguments
+
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    argv = ["--socket", "s", "--work-dir", str(tmp_path), "--job", "{}"]
+    with pytest.raises(UsageError, match=r"model dir .*a-file/models"):
+        parse_arguments([*argv, "--model-dir", str(a_file / "models")])
+    made = tmp_path / "kept" / "models"
+    assert parse_arguments([*argv, "--model-dir", str(made)]).model_dir == made
+    assert made.is_dir()

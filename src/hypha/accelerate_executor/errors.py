@@ -149,6 +149,10 @@ class TensorFileError(ExecutorError):
     """A file is not the safetensors file it should be."""
 
 
+class ModelExportError(ExecutorError):
+    """The trained model could not be written as a Hugging Face folder."""
+
+
 class PushError(ExecutorError):
     """The trained model could not be uploaded to its destination (`push-to-hub`)."""
 

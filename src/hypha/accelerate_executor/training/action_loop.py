@@ -337,10 +337,11 @@ class ActionTrainer(Workbench):
         from hypha.accelerate_executor.training.hub_push import push
 
         folder = self.work_dir / EXPORT_DIR
-        self.write_model(folder)
         if self.client is None:
+            self.write_model(folder)
             return IDLE  # only rank 0's status is sent
         try:
+            self.write_model(folder)
             url = push(folder, repository, token)
         except ExecutorError as exc:
             self.say(str(exc))
@@ -359,16 +360,18 @@ class ActionTrainer(Workbench):
         """Rank 0 writes theta_global as a Hugging Face folder (model_export.py)."""
         from hypha.accelerate_executor.training.model_export import write_hf_folder
 
-        if self.ranks.is_main:
-            files = write_hf_folder(
-                self.accelerator.unwrap_model(self.model),
-                self.global_weights.tensors,
-                self.weights.aliases,
-                self.work_dir / "artifacts",
-                folder,
-            )
-            self.say(f"wrote the model to {folder}: {', '.join(files)}")
-        self.ranks.barrier()
+        try:
+            if self.ranks.is_main:
+                files = write_hf_folder(
+                    self.accelerator.unwrap_model(self.model),
+                    self.global_weights.tensors,
+                    self.weights.aliases,
+                    self.work_dir / "artifacts",
+                    folder,
+                )
+                self.say(f"wrote the model to {folder}: {', '.join(files)}")
+        finally:
+            self.ranks.barrier()  # the other ranks wait for rank 0 whatever came of it
 
     # Parts.
 

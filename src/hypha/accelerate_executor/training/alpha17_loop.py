@@ -293,6 +293,19 @@ def micro_batch_size(value: str) -> int | None:
     return int(value)
 
 
+def model_dir(value: str) -> Path:
+    """`--model-dir` / HYPHA_MODEL_DIR: where the final model is kept. Made now if missing,
+    so that one the executor cannot write is said before the job trains, not after."""
+    path = Path(value)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"model dir {value!r}: {exc.strerror or exc}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"model dir {value!r} is not writable")
+    return path
+
+
 def speculative_step(value: str) -> bool:
     """`--speculative-step` / HYPHA_SPECULATIVE_STEP: on (also 1, true, yes, empty) or off
     (also 0, false, no)."""
@@ -348,7 +361,7 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--model-dir",
-        type=Path,
+        type=model_dir,
         default=os.environ.get("HYPHA_MODEL_DIR") or None,
         help="action protocol: where the final model is written in Hugging Face layout at "
         "terminate, whether or not it was pushed (default: nowhere; also $HYPHA_MODEL_DIR)",

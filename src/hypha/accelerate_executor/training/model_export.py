@@ -17,6 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hypha.accelerate_executor.errors import ModelExportError
+
 if TYPE_CHECKING:
     import torch
 
@@ -38,6 +40,21 @@ def write_hf_folder(
     the artifact's other files (tokenizer, processor) beside them. Returns the file names
     written, sorted. Files already in `destination` under those names are overwritten, and
     nothing else there is touched (it may be a directory the operator keeps other things in)."""
+    try:
+        return _write(model, weights, aliases, artifacts, destination)
+    except OSError as exc:
+        raise ModelExportError(
+            f"writing the model to {destination} failed: {exc.strerror or exc}"
+        ) from None
+
+
+def _write(
+    model: torch.nn.Module,
+    weights: dict[str, torch.Tensor],
+    aliases: dict[str, str],
+    artifacts: Path,
+    destination: Path,
+) -> list[str]:
     destination.mkdir(parents=True, exist_ok=True)
     # Written beside, then moved in: the names save_pretrained chose are what is listed.
     staging = Path(tempfile.mkdtemp(prefix=".writing-", dir=destination))
