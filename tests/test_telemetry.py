@@ -423,3 +423,50 @@ def test_the_one_line_failure_arrives_as_an_error_record(
     assert len(errors) == 1, [(i.name, i.value) for i in receiver.items if i.signal == "log"]
     assert errors[0].value.startswith("hypha.accelerate_executor.training: ")
     assert errors[0].resource["hypha.worker.name"] == "w1"
+
+
+def test_the_receivers_command_serves_grpc_and_prints_what_arrives(short_tmp: Path) -> None:
+    """`python -m hypha.standin.otlp_receiver --grpc-listen`, as an operator runs it."""
+    receiver = subprocess.Popen(
+        [sys.executable, "-m", "hypha.standin.otlp_receiver", "--listen", "127.0.0.1:0",
+         "--grpc-listen", "127.0.0.1:0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert receiver.stdout is not None
+        assert receiver.stdout.readline().startswith("otlp-receiver: OTLP/HTTP on http://")
+        announced = receiver.stdout.readline().strip()
+        assert announced.startswith("otlp-receiver: OTLP/gRPC on http://127.0.0.1:"), announced
+        variables = telemetry_variables(announced.rpartition(" ")[2], "grpc")
+        relay = relay_for(variables, short_tmp)
+        try:
+            export_a_round(relay.container_env(variables))
+        finally:
+            relay.stop()
+    finally:
+        receiver.terminate()
+        out, err = receiver.communicate(timeout=30)
+    assert "log INFO round 1: loss 2.5000 [" in out, (out, err)
+    assert "metric hypha.training.loss 2.5 [" in out
+
+
+@pytest.mark.parametrize(
+    ("arguments", "line"),
+    [
+        (["--listen", "192.0.2.1:4318"], "otlp-receiver: cannot listen on ('192.0.2.1', 4318): "),
+        (["--listen", "127.0.0.1:0", "--grpc-listen", "192.0.2.1:4317"],
+         "otlp-receiver: cannot listen on 192.0.2.1:4317 for OTLP/gRPC"),
+    ],
+)  # fmt: skip
+def test_the_receiver_that_cannot_listen_says_so_in_one_line(
+    arguments: list[str], line: str
+) -> None:
+    """192.0.2.1 (TEST-NET-1) is no address of this host: neither side can bind it."""
+    run = subprocess.run(
+        [sys.executable, "-m", "hypha.standin.otlp_receiver", *arguments],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert run.returncode == 2
+    ours = [text for text in run.stderr.splitlines() if text.startswith("otlp-receiver:")]
+    assert len(ours) == 1 and ours[0].startswith(line), run.stderr
+    assert "Traceback" not in run.stderr

@@ -116,6 +116,8 @@ class Receiver(http.server.ThreadingHTTPServer):
     (grpc.ServerCredentials): gRPC over TLS."""
 
     daemon_threads = True
+    # A class default: server_close() runs inside super().__init__ when the bind fails.
+    _grpc: Any = None
 
     def __init__(
         self,
@@ -130,7 +132,6 @@ class Receiver(http.server.ThreadingHTTPServer):
         self.requests: list[tuple[str, dict[str, str]]] = []
         self.lock = threading.Lock()
         self.out, self.echo = out, echo
-        self._grpc: Any = None
         self.grpc_port = 0
         self._grpc_tls = grpc_credentials is not None
         if grpc_address is not None:
@@ -221,13 +222,15 @@ def _serve_grpc(receiver: Receiver, address: tuple[str, int], credentials: Any) 
     logs_service_pb2_grpc.add_LogsServiceServicer_to_server(Logs(), server)
     metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Metrics(), server)
     target = f"{address[0]}:{address[1]}"
-    port = (
-        server.add_secure_port(target, credentials)
-        if credentials is not None
-        else server.add_insecure_port(target)
-    )
-    if port == 0:
-        raise OSError(f"cannot listen on {target} for gRPC")
+    try:
+        port = (
+            server.add_secure_port(target, credentials)
+            if credentials is not None
+            else server.add_insecure_port(target)
+        )
+    except RuntimeError:  # grpcio's way of saying the bind failed
+        server.stop(grace=None)
+        raise OSError(f"cannot listen on {target} for OTLP/gRPC") from None
     server.start()
     return server, port
 
@@ -250,8 +253,9 @@ def main(argv: list[str] | None = None) -> int:
         args = p.parse_args(sys.argv[1:] if argv is None else argv)
         try:
             receiver = Receiver(args.listen, args.out, echo=True, grpc_address=args.grpc_listen)
-        except OSError as exc:
-            raise UsageError(f"cannot listen: {exc.strerror or exc}") from None
+        except OSError as exc:  # the HTTP side's bind (strerror), or the gRPC side's
+            where = f"cannot listen on {args.listen}: {exc.strerror}"
+            raise UsageError(where if exc.strerror else str(exc)) from None
         except ImportError as exc:
             raise UsageError(f"--grpc-listen needs grpcio: {exc}") from None
         print(f"{PROG}: OTLP/HTTP on {receiver.url}", flush=True)

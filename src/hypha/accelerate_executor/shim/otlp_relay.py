@@ -110,6 +110,10 @@ class OtlpRelay:
         self._server.upstream = upstream
         self._server.grpc = None
         if upstream.grpc:  # grpcio is imported only here: the shim starts fast without it
+            # gRPC's core logs a failed TLS handshake or connection on stderr, which is the
+            # executor's log here; the exporter hears of it as the HTTP status it acts on.
+            # Read at grpcio's first import; an operator's own setting stays.
+            os.environ.setdefault("GRPC_VERBOSITY", "NONE")
             try:
                 from hypha.accelerate_executor.shim.otlp_grpc import GrpcForwarder
             except ImportError:
