@@ -153,8 +153,11 @@ def test_signal_endpoints_and_headers_follow_the_exporters_rules() -> None:
 
 
 def test_a_protocol_other_than_http_protobuf_or_grpc_is_refused() -> None:
-    with pytest.raises(TelemetryConfigError, match="http/json"):
+    with pytest.raises(TelemetryConfigError, match=r"^OTEL_EXPORTER_OTLP_LOGS_PROTOCOL=http/json is not relayed"):  # fmt: skip
         upstream_from({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_EXPORTER_OTLP_LOGS_PROTOCOL": "http/json"})  # fmt: skip
+    # Traces' own protocol refuses nothing: the executor makes no spans.
+    upstream = upstream_from({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/json"})  # fmt: skip
+    assert upstream is not None and set(upstream.urls) == {"logs", "metrics"}
 
 
 # OTLP/gRPC: the executor still posts OTLP/HTTP protobuf to the relay; the relay calls the

@@ -49,19 +49,17 @@ def _headers(value: str | None) -> dict[str, str]:
     return dict(parse_env_headers(value, liberal=True))
 
 
-def _protocol(env: Mapping[str, str], signal: str) -> str:
-    """A signal's OTLP protocol by the spec's rules: its own variable, else the common one,
-    else http/protobuf."""
-    protocol = (
-        env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL")
-        or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-        or "http/protobuf"
-    ).strip()
-    if protocol not in PROTOCOLS:
-        raise TelemetryConfigError(
-            f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol} is not relayed (only http/protobuf or grpc)"
-        )
-    return protocol
+def _protocol(env: Mapping[str, str], signal: str) -> tuple[str, str]:
+    """A signal's OTLP protocol by the spec's rules, and the variable that set it: its own
+    variable, else the common one, else http/protobuf."""
+    for variable in (
+        f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL",
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+    ):
+        value = (env.get(variable) or "").strip()
+        if value:
+            return variable, value
+    return "OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"
 
 
 def _true(value: str | None) -> bool:
@@ -101,7 +99,14 @@ def upstream_from(env: Mapping[str, str]) -> Upstream | None:
         own = env.get(f"{variable}_ENDPOINT")
         if not (own or base):
             continue
-        if _protocol(env, signal) == "grpc":
+        named, protocol = _protocol(env, signal)
+        if protocol not in PROTOCOLS:
+            if signal == "traces":  # the executor makes no spans: nothing to refuse for
+                continue
+            raise TelemetryConfigError(
+                f"{named}={protocol} is not relayed (only http/protobuf or grpc)"
+            )
+        if protocol == "grpc":
             insecure = env.get(f"{variable}_INSECURE") or env.get("OTEL_EXPORTER_OTLP_INSECURE")
             grpc[signal] = grpc_route(own or base, insecure)
         else:
