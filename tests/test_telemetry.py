@@ -252,6 +252,15 @@ def test_a_grpc_endpoint_and_its_tls_follow_the_exporter_spec(
     assert upstream.grpc == {"logs": route, "metrics": route, "traces": route}
 
 
+@pytest.mark.parametrize(
+    ("endpoint", "why"),
+    [("unix:///run/otel.sock", "neither http:// nor https://"), ("http:///v1", "names no host")],
+)
+def test_a_grpc_endpoint_the_relay_cannot_call_is_one_line(endpoint: str, why: str) -> None:
+    with pytest.raises(TelemetryConfigError, match=why):
+        upstream_from({"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})  # fmt: skip
+
+
 def test_an_unreachable_grpc_collector_answers_a_status_the_exporter_retries(
     short_tmp: Path,
 ) -> None:
