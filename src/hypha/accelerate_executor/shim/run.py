@@ -59,8 +59,8 @@ from hypha.accelerate_executor.shim.hub_upload import FolderRefused, HubUpload, 
 from hypha.accelerate_executor.shim.jobfile import write_job_file
 from hypha.accelerate_executor.shim.mount_source import host_work_dir
 from hypha.accelerate_executor.shim.mps_bundle import run_bundle
-from hypha.accelerate_executor.shim.otlp_relay import (
-    OtlpRelay,
+from hypha.accelerate_executor.shim.otlp_relay import OtlpRelay
+from hypha.accelerate_executor.shim.otlp_upstream import (
     TelemetryConfigError,
     Upstream,
     upstream_from,
@@ -334,7 +334,11 @@ def _start_relay(work_dir: str, owner: tuple[int, int]) -> OtlpRelay | None:
         return None
     if upstream is None:
         return None
-    relay = OtlpRelay(work_dir, upstream, owner)
+    try:
+        relay = OtlpRelay(work_dir, upstream, owner)
+    except TelemetryConfigError as exc:  # gRPC asked for, and no grpcio here
+        _say(f"telemetry off: {exc}")
+        return None
     try:
         relay.start()
     except OSError as exc:

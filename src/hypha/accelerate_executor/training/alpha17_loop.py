@@ -50,6 +50,7 @@ from hypha.accelerate_executor.spec.job import (
     Job,
     job_bytes,
     parse_any_job_bytes,
+    why_refused,
 )
 from hypha.accelerate_executor.training.clocks import Laps
 from hypha.accelerate_executor.training.speculative import SPECULATIVE_STEP_ENV
@@ -388,9 +389,9 @@ def bridge_generation(
         return job, forced, "as asked"
     parsed = parse_any_job_bytes(data)
     if isinstance(parsed, Job):
-        return parsed, "alpha17", "the job fits alpha.17 only"
+        return parsed, "alpha17", why_refused(data, "actions")
     if isinstance(parsed, ActionJob):
-        return parsed, "actions", "the job has no updates or results"
+        return parsed, "actions", why_refused(data, "alpha17")
     from hypha.accelerate_executor.bridge.action_client import probe_generation
 
     probed = probe_generation(socket_path)
