@@ -23,6 +23,7 @@ from hypha.standin.coordinator.report import finish
 from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
 from hypha.standin.data_service.assets import ensure_assets
 from hypha.standin.worker.executor_entries import ExecutorEntry
+from hypha.standin.worker.faults import Fault
 from hypha.standin.worker.worker import LocalWorker, serve_one_job
 
 # After a cancellation, how long the workers get to report their executors' end.
@@ -76,6 +77,7 @@ def run_demo(
     timeout_s: float = 1800.0,
     keepalive_s: float = 5.0,
     strict_receive: bool = False,
+    faults: tuple[Fault, ...] = (),
 ) -> int:
     say("demo", f"preparing the {options.job} job's model and data (generated once, then cached)")
     catalog = Catalog.from_assets(ensure_assets(assets_dir, options.asset_spec()))
@@ -109,6 +111,7 @@ def run_demo(
             keepalive_s=keepalive_s,
             strict_receive=strict_receive,
             env={"OMP_NUM_THREADS": threads_each},
+            faults=faults if index == 0 else (),
         )
         for index in range(options.all_workers)
     ]

@@ -17,9 +17,11 @@ from urllib.parse import urlsplit
 from hypha.accelerate_executor.bridge import bodies
 from hypha.accelerate_executor.bridge.actions import ACTION_REQUEST
 from hypha.accelerate_executor.errors import BridgeRefusal
+from hypha.standin.console import say
 from hypha.standin.serving import LISTEN_BACKLOG, TracksConnections
 from hypha.standin.worker.axum_body import deserialized, read_json, shaped
 from hypha.standin.worker.bridge_core import JobBridge
+from hypha.standin.worker.faults import FaultPlan
 from hypha.standin.worker.openapi import openapi_document
 
 
@@ -33,6 +35,7 @@ class UnixHTTPServer(TracksConnections, socketserver.ThreadingMixIn, socketserve
         super().__init__(path, _Handler, bind_and_activate=False)
         self.bridge = bridge
         self.log_name = bridge.name
+        self.faults = FaultPlan()  # none unless the worker was asked for some (faults.py)
 
 
 _ALPHA17_ROUTES = ("/resources/fetch", "/resources/send", "/resources/receive", "/status/send")
@@ -82,6 +85,13 @@ class _Handler(BaseHTTPRequestHandler):
             return
         try:
             raw = read_json(self)
+            if (fault := self.server.faults.take(path)) is not None:
+                say(
+                    self.bridge.name,
+                    f"fault on demand: {path} answered {fault.status} {fault.error}",
+                )
+                self._reply(fault.status, fault.body, "application/json")
+                return
             if path == "/resources/fetch":
                 reference = deserialized(bodies.BODY_REFERENCE, raw)
                 self._reply(
