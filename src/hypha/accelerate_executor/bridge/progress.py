@@ -193,10 +193,11 @@ class StatusReporter:
         """The tries of a status whose first try failed (`first`: its 5xx answer, None when
         its answer was lost): that failure raised as the first try, so that the next one
         comes after a pause, then `request` sent again."""
-        failed_first = [True]
+        first_pending = [True]  # emptied once the first failure has been raised
 
         def attempt() -> Response:
-            if failed_first.pop() if failed_first else False:
+            if first_pending:
+                first_pending.clear()
                 if first is None:
                     raise BridgeGoneError("lost the bridge's answer", transient=True)
                 raise_for(STATUS_ROUTE, first.status, first.body)
