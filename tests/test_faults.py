@@ -109,3 +109,29 @@ def test_a_failed_send_loses_no_batch_and_no_loss(assets_dir: Path, short_tmp: P
     metrics = statuses[-1]["metrics"]
     assert metrics["batches"] == 3 + 2 and metrics["loss"] > 0
     assert len(backend.sent) == 1 and left == []
+
+
+@pytest.mark.slow
+def test_a_peer_killed_mid_round_the_others_finish_and_a_replacement_gets_the_model(
+    assets_dir: Path, tmp_path: Path, short_tmp: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Worker 1's executor is killed as it sends its first update (`/resources/send=kill`):
+    worker 2 trains every round on, and a replacement that joins after round 1 starts from
+    a peer's model. The run's verdict is a failure, since one executor died: that is what
+    happened."""
+    options = RunOptions(
+        workers=2, late_workers=1, rounds=ROUNDS, steps_per_round=20, generation="actions"
+    )
+    run_demo(
+        options, preset("process"), out_dir=tmp_path / "out", work_base=short_tmp,
+        assets_dir=assets_dir, timeout_s=600, faults=(parse_fault("/resources/send=kill"),),
+    )  # fmt: skip
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    out = capsys.readouterr().out
+    assert "[w1 bridge] fault on demand: /resources/send killed the executor" in out
+    workers = summary["workers"]
+    assert workers["w1"]["exit_code"] == 137 and workers["w1"]["metrics"] == {}
+    survivor = {int(key): m for key, m in workers["w2"]["metrics"].items()}
+    assert workers["w2"]["exit_code"] == 0 and sorted(survivor) == list(range(ROUNDS))
+    assert survivor[ROUNDS - 1]["loss"] < survivor[0]["loss"]
+    assert workers["w3"]["exit_code"] == 0 and "[w3] received the model from a peer" in out

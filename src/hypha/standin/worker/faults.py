@@ -4,7 +4,9 @@ unreachable for a moment (docs/protocol.md section 2: 500 with `network_error`,
 `connector_error` or `io_error`; 400 with `invalid_request` or `hash_mismatch`).
 
 A fault is written `ROUTE=STATUS:ERROR[:TIMES]` (TIMES 1 unless given), e.g.
-`/resources/send=500:connector_error:1`. It answers the route's first TIMES requests of each
+`/resources/send=500:connector_error:1`; or `ROUTE=kill`: the executor process that made the
+route's first request is killed (SIGKILL, the sender read off the Unix socket), a peer that
+dies mid-round. It answers the route's first TIMES requests of each
 job, after their bodies were read (so the executor's request was whole), and touches
 nothing behind the bridge: the scheduler, data node or peer never sees those requests.
 """
@@ -12,11 +14,16 @@ nothing behind the bridge: the scheduler, data node or peer never sees those req
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
+import struct
 import threading
 from dataclasses import dataclass
 
 from hypha.accelerate_executor.errors import UsageError
 
+KILL = "kill"
 ROUTES = (
     "/resources/fetch",
     "/resources/send",
@@ -34,17 +41,23 @@ class Fault:
     times: int = 1
 
     @property
+    def kills(self) -> bool:
+        return self.error == KILL
+
+    @property
     def body(self) -> bytes:
         detail = f"injected fault: {self.error} on {self.route}"
         return json.dumps({"error": self.error, "detail": detail}).encode()
 
 
 def parse_fault(text: str) -> Fault:
-    """`ROUTE=STATUS:ERROR[:TIMES]` as a Fault; UsageError naming what is wrong."""
+    """`ROUTE=STATUS:ERROR[:TIMES]` or `ROUTE=kill` as a Fault; UsageError naming what is wrong."""
     route, _, answer = text.partition("=")
     parts = answer.split(":")
     if route not in ROUTES:
         raise UsageError(f"fault {text!r}: the route is not one of {', '.join(ROUTES)}")
+    if answer == KILL:
+        return Fault(route, 0, KILL)
     if len(parts) not in (2, 3) or not all(parts):
         raise UsageError(f"fault {text!r}: expected ROUTE=STATUS:ERROR[:TIMES]")
     try:
@@ -75,3 +88,12 @@ class FaultPlan:
             assert isinstance(fault, Fault)
             self.answered.append(fault)
             return fault
+
+
+def kill_sender(connection: socket.socket) -> int:
+    """SIGKILL to the process at the other end of a Unix-socket connection; its pid."""
+    pid, _, _ = struct.unpack(
+        "3i", connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+    )
+    os.kill(pid, signal.SIGKILL)
+    return int(pid)
