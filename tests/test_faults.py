@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from hypha.accelerate_executor.bridge.actions import ExecuteBatch, SendUpdate, Terminate
+from hypha.accelerate_executor.errors import UsageError
 from hypha.standin.coordinator.server import RunOptions
 from hypha.standin.data_service.assets import ensure_assets
 from hypha.standin.demo import run_demo
@@ -135,3 +136,29 @@ def test_a_peer_killed_mid_round_the_others_finish_and_a_replacement_gets_the_mo
     assert workers["w2"]["exit_code"] == 0 and sorted(survivor) == list(range(ROUNDS))
     assert survivor[ROUNDS - 1]["loss"] < survivor[0]["loss"]
     assert workers["w3"]["exit_code"] == 0 and "[w3] received the model from a peer" in out
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("/resources/send=500", "expected ROUTE=STATUS:ERROR"),
+        ("/nope=500:network_error", "the route is not one of"),
+        ("/status/send=200:fine", "STATUS is 4xx or 5xx"),
+        ("/status/send=500:network_error:0", "TIMES at least 1"),
+        ("/status/send=5xx:network_error", "whole numbers"),
+    ],
+)
+def test_a_fault_written_wrong_is_refused_by_name(text: str, problem: str) -> None:
+    with pytest.raises(UsageError, match=problem):
+        parse_fault(text)
+
+
+def test_faults_count_down_per_route() -> None:
+    plan = FaultPlan(
+        (parse_fault("/status/send=500:network_error:2"), parse_fault("/action/update=kill"))
+    )
+    taken = [plan.take("/status/send") for _ in range(3)]
+    assert [fault and fault.status for fault in taken] == [500, 500, None]
+    kill = plan.take("/action/update")
+    assert kill is not None and kill.kills and plan.take("/action/update") is None
+    assert plan.take("/resources/fetch") is None

@@ -6,9 +6,9 @@ unreachable for a moment (docs/protocol.md section 2: 500 with `network_error`,
 A fault is written `ROUTE=STATUS:ERROR[:TIMES]` (TIMES 1 unless given), e.g.
 `/resources/send=500:connector_error:1`; or `ROUTE=kill`: the executor process that made the
 route's first request is killed (SIGKILL, the sender read off the Unix socket), a peer that
-dies mid-round. It answers the route's first TIMES requests of each
-job, after their bodies were read (so the executor's request was whole), and touches
-nothing behind the bridge: the scheduler, data node or peer never sees those requests.
+dies mid-round. A fault answers the route's first TIMES requests of each job, after their
+bodies were read (so the executor's request was whole), and touches nothing behind the
+bridge: the scheduler, data node or peer never sees those requests.
 """
 
 from __future__ import annotations
@@ -73,21 +73,17 @@ class FaultPlan:
     """The faults of one job's bridge, counted down as they are answered."""
 
     def __init__(self, faults: tuple[Fault, ...] = ()) -> None:
-        self._left = {fault.route: [fault, fault.times] for fault in faults}
+        self._faults = {fault.route: fault for fault in faults}
+        self._left = {fault.route: fault.times for fault in faults}
         self._lock = threading.Lock()
-        self.answered: list[Fault] = []
 
     def take(self, route: str) -> Fault | None:
         """The fault to answer this request of `route` with, or None to serve it."""
         with self._lock:
-            entry = self._left.get(route)
-            if entry is None or entry[1] == 0:
+            if self._left.get(route, 0) == 0:
                 return None
-            entry[1] -= 1  # type: ignore[operator]
-            fault = entry[0]
-            assert isinstance(fault, Fault)
-            self.answered.append(fault)
-            return fault
+            self._left[route] -= 1
+            return self._faults[route]
 
 
 def kill_sender(connection: socket.socket) -> int:
