@@ -17,6 +17,7 @@ import pytest
 from hypha.accelerate_executor.bridge import client as bridge
 from hypha.accelerate_executor.bridge.bodies import batch_status, round_metrics
 from hypha.accelerate_executor.bridge.client import BridgeClient, Continue
+from hypha.accelerate_executor.bridge.retry import RetryPolicy
 from hypha.accelerate_executor.errors import BridgeError, BridgeGoneError, UnsafePathError
 from hypha.accelerate_executor.spec.job import PeersReference, SchedulerReference
 from unix_http import QuietHandler, serving
@@ -27,6 +28,12 @@ Reply = tuple[int, str, bytes]  # status, content type, body
 PEERS = PeersReference.model_validate({"type": "peers", "peers": [], "strategy": {"type": "All"}})
 SLICE = SchedulerReference(type="scheduler", peer="12D3KooWsched", dataset="d")
 CAUSAL_LM = Path(__file__).parent / "data" / "job-causal-lm.json"
+
+
+@pytest.fixture(autouse=True)
+def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Transient failures are still tried again, over a bound of a fraction of a second."""
+    monkeypatch.setattr(bridge, "DEFAULT_POLICY", RetryPolicy(0.01, 0.05, 0.3))
 
 
 @pytest.fixture

@@ -17,9 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from hypha.accelerate_executor.bridge import client as bridge_client
 from hypha.accelerate_executor.bridge import progress
 from hypha.accelerate_executor.bridge.client import BridgeClient, Continue, ScheduleUpdate
 from hypha.accelerate_executor.bridge.progress import StatusReporter
+from hypha.accelerate_executor.bridge.retry import RetryPolicy
 from hypha.accelerate_executor.errors import BridgeError, BridgeGoneError
 from unix_http import serving
 
@@ -54,6 +56,12 @@ class RawBridge:
     path: Path
     connections: int = 0
     bodies: list[dict[str, object]] = field(default_factory=list)
+
+
+@pytest.fixture(autouse=True)
+def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Transient failures are still tried again, over a bound of a fraction of a second."""
+    monkeypatch.setattr(bridge_client, "DEFAULT_POLICY", RetryPolicy(0.01, 0.05, 0.3))
 
 
 @pytest.fixture

@@ -118,7 +118,13 @@ class BridgeError(ExecutorError):
 
 
 class BridgeGoneError(ExecutorError):
-    """The bridge cannot be reached any more: socket gone, refused, or stream closed."""
+    """The bridge cannot be reached any more: socket gone, refused, or stream closed.
+    `transient` when it may come back (refused, reset, no answer in time): bridge/retry.py
+    tries such a request again; a socket that is gone is final."""
+
+    def __init__(self, message: str, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 class UnsafePathError(ExecutorError):

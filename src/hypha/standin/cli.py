@@ -19,6 +19,7 @@ from hypha.accelerate_executor.entry import OneLineArgumentParser, run_main
 from hypha.accelerate_executor.errors import EXIT_FAILED, EXIT_OK, LocalError, UsageError
 from hypha.standin.console import say
 from hypha.standin.jobs import JOB_KINDS, LR_SCHEDULES, LrSchedule
+from hypha.standin.worker.faults import Fault, parse_fault
 
 PROG = "hypha-accelerate local"
 
@@ -151,6 +152,16 @@ def _worker_options_parser() -> OneLineArgumentParser:
         action="store_true",
         help="actions only: the bridge drops a push that comes while no receive of the job is "
         "open, as upstream's connector may, instead of keeping it for the next receive",
+    )
+    worker.add_argument(
+        "--fault",
+        type=_fault,
+        action="append",
+        default=[],
+        metavar="ROUTE=STATUS:ERROR[:TIMES]",
+        help="the first worker's bridge answers ROUTE's first TIMES requests (1) of its job "
+        "with this error, as a worker whose remote side is unreachable does; repeatable, e.g. "
+        "/resources/send=500:connector_error:1",
     )
     worker.add_argument(
         "--as-user",
@@ -295,6 +306,7 @@ def _with_run_options(args: argparse.Namespace) -> int:
             strict_receive=args.strict_receive,
             push_destination=_push_destination(),
             hub_standin=_hub_standin(),
+            faults=tuple(args.fault),
         )
 
     from hypha.standin.coordinator.report import finish
@@ -316,6 +328,13 @@ def _with_run_options(args: argparse.Namespace) -> int:
     return EXIT_OK if passed else EXIT_FAILED
 
 
+def _fault(text: str) -> Fault:
+    try:
+        return parse_fault(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _worker(args: argparse.Namespace) -> int:
     from hypha.standin.coordinator.client import CoordinatorClient
     from hypha.standin.worker.executor_entries import executor_entry
@@ -328,6 +347,7 @@ def _worker(args: argparse.Namespace) -> int:
         owner=args.as_user,
         keep_work_dir=args.keep_work_dir,
         strict_receive=args.strict_receive,
+        faults=tuple(args.fault),
         env={"OMP_NUM_THREADS": str(args.threads)} if args.threads else None,
     )
     client = CoordinatorClient(args.coordinator)

@@ -24,6 +24,7 @@ from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
 from hypha.standin.data_service.assets import ensure_assets
 from hypha.standin.hub import HubStandin
 from hypha.standin.worker.executor_entries import ExecutorEntry
+from hypha.standin.worker.faults import Fault
 from hypha.standin.worker.worker import LocalWorker, serve_one_job
 
 # After a cancellation, how long the workers get to report their executors' end.
@@ -79,6 +80,7 @@ def run_demo(
     strict_receive: bool = False,
     push_destination: tuple[str, str] | None = None,
     hub_standin: bool = False,
+    faults: tuple[Fault, ...] = (),
 ) -> int:
     """`push_destination` (repository, token): the job's model_destination, pushed to the
     Hub HF_ENDPOINT names, or with `hub_standin` to a loopback Hub stand-in (standin/hub.py)
@@ -95,7 +97,7 @@ def run_demo(
             say("demo", f"Hub stand-in at {hub.url}: the final model goes to {push_destination[0]}")
         code = _run(
             options, executor, catalog, out_dir, work_base, owner, timeout_s, keepalive_s,
-            strict_receive, push_destination, push_env,
+            strict_receive, push_destination, push_env, faults,
         )  # fmt: skip
         if hub is not None and push_destination is not None:
             repo = hub.repos.get(push_destination[0])
@@ -121,6 +123,7 @@ def _run(
     strict_receive: bool,
     push_destination: tuple[str, str] | None,
     push_env: dict[str, str],
+    faults: tuple[Fault, ...],
 ) -> int:
     coordinator = Coordinator(catalog, options, push_destination=push_destination)
     coordinator.start()
@@ -152,6 +155,7 @@ def _run(
             keepalive_s=keepalive_s,
             strict_receive=strict_receive,
             env={"OMP_NUM_THREADS": threads_each, **push_env},
+            faults=faults if index == 0 else (),
         )
         for index in range(options.all_workers)
     ]

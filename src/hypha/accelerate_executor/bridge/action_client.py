@@ -38,6 +38,7 @@ from hypha.accelerate_executor.bridge.client import (
     raise_for,
     reaching,
 )
+from hypha.accelerate_executor.bridge.retry import retrying
 from hypha.accelerate_executor.errors import BridgeError
 from hypha.accelerate_executor.spec.job import ActionPeersReference, Generation
 
@@ -87,8 +88,10 @@ class ActionBridgeClient(BridgeClient):
         """Sends a file to the peers and returns once they all have it; the bridge deletes
         it afterwards when `remove_file`."""
         body = ActionSendRequest(resource=reference, path=relative_path, remove_file=remove_file)
-        # A model-sized file crosses the network before the answer comes.
-        self._post_json("/resources/send", wire(body), FETCH_TIMEOUT_S)
+        # A model-sized file crosses the network before the answer comes. Sent again after a
+        # transient failure only while the file is there: a bridge that deleted it has sent it.
+        path = self.work_dir / relative_path
+        self._post_json("/resources/send", wire(body), FETCH_TIMEOUT_S, may_retry=path.exists)
 
     def receive_one(
         self,
@@ -108,13 +111,20 @@ class ActionBridgeClient(BridgeClient):
             resource=reference, path=relative_dir, timeout=SystemTime.at(deadline)
         )
         body = json_body(wire(request))
-        timeout = deadline - time.time() + RECEIVE_SLACK_S
-        with reaching(self.socket_path, route, timeout):
-            status, data = self._round_trip(route, body, timeout, sent)
+
+        def attempt() -> tuple[int, bytes]:
+            timeout = deadline - time.time() + RECEIVE_SLACK_S
+            with reaching(self.socket_path, route, timeout):
+                status, data = self._round_trip(route, body, timeout, sent)
+            if status not in (200, 204):
+                raise_for(route, status, data)
+            return status, data
+
+        # Tried again on a transient failure only until the deadline: past it, upstream's
+        # bridge would take the deadline for none at all.
+        status, data = retrying(route, attempt, self.retry_policy, until=deadline)
         if status == 204:
             return None
-        if status != 200:
-            raise_for(route, status, data)
         try:
             entry = json.loads(data)
         except ValueError:

@@ -3,7 +3,8 @@
 Every path the bridge hands back is checked against the work dir before it is used, and
 every scheduler answer is parsed here, once, into one of the typed values below.
 A bridge that cannot be reached, or that closes the update stream, raises
-BridgeGoneError: the executor's cue to exit, since the worker has stopped the job.
+BridgeGoneError: the executor's cue to exit, since the worker has stopped the job. Every
+request is tried again on a transient failure first, within a bound (bridge/retry.py).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ from hypha.accelerate_executor.bridge.bodies import (
 )
 from hypha.accelerate_executor.bridge.http_wire import connect_unix
 from hypha.accelerate_executor.bridge.paths import resolve_in_work_dir
+from hypha.accelerate_executor.bridge.retry import DEFAULT_POLICY, retrying
 from hypha.accelerate_executor.errors import BridgeError, BridgeGoneError, SchedulerError
 from hypha.accelerate_executor.spec.job import PeersReference, Reference
 
@@ -158,14 +160,16 @@ def reaching(
     except FileNotFoundError:
         raise BridgeGoneError(f"the bridge socket {socket_path} does not exist") from None
     except ConnectionRefusedError:
-        raise BridgeGoneError(f"the bridge at {socket_path} refused the connection") from None
+        raise BridgeGoneError(
+            f"the bridge at {socket_path} refused the connection", transient=True
+        ) from None
     except TimeoutError:
         silence = (
             f"sent nothing on {during} for" if streaming else f"did not answer {during} within"
         )
-        raise BridgeGoneError(f"the bridge {silence} {timeout:.0f} s") from None
+        raise BridgeGoneError(f"the bridge {silence} {timeout:.0f} s", transient=True) from None
     except _CONNECTION_LOST as exc:
-        raise BridgeGoneError(f"lost the bridge during {during}: {exc}") from None
+        raise BridgeGoneError(f"lost the bridge during {during}: {exc}", transient=True) from None
 
 
 def raise_for(route: str, status: int, data: bytes) -> NoReturn:
@@ -185,6 +189,7 @@ class BridgeClient:
         self.work_dir = work_dir
         self._idle: list[tuple[_UnixHTTPConnection, float]] = []  # with when it went idle
         self._idle_lock = threading.Lock()
+        self.retry_policy = DEFAULT_POLICY
 
     def fetch(self, reference: Reference) -> list[BridgeFile]:
         """Asks the bridge to place the referenced files under artifacts/; returns them."""
@@ -215,16 +220,20 @@ class BridgeClient:
         """
         route = "/resources/receive"
         body = json_body(wire(ReceiveRequest(resource=reference, path=relative_dir)))
-        connection = _UnixHTTPConnection(self.socket_path, STREAM_SILENCE_LIMIT_S)
-        try:
-            with reaching(self.socket_path, route, STREAM_SILENCE_LIMIT_S):
-                response = self._exchange(connection, route, body)
-                if response.status != 200:
-                    raise_for(route, response.status, response.read())
-        except BaseException:
-            connection.close()
-            raise
-        return self._events(connection, response)
+
+        def attempt() -> tuple[_UnixHTTPConnection, http.client.HTTPResponse]:
+            connection = _UnixHTTPConnection(self.socket_path, STREAM_SILENCE_LIMIT_S)
+            try:
+                with reaching(self.socket_path, route, STREAM_SILENCE_LIMIT_S):
+                    response = self._exchange(connection, route, body)
+                    if response.status != 200:
+                        raise_for(route, response.status, response.read())
+            except BaseException:
+                connection.close()
+                raise
+            return connection, response
+
+        return self._events(*retrying(route, attempt, self.retry_policy))
 
     def _events(
         self, connection: _UnixHTTPConnection, response: http.client.HTTPResponse
@@ -261,12 +270,25 @@ class BridgeClient:
             raise BridgeError("bridge", 200, "bad_answer", f"not a file entry: {entry!r}")
         return resolve_in_work_dir(self.work_dir, entry["path"]), int(entry.get("size", 0))
 
-    def _post_json(self, route: str, payload: Any, timeout: float) -> Any:
+    def _post_json(
+        self,
+        route: str,
+        payload: Any,
+        timeout: float,
+        may_retry: Callable[[], bool] = lambda: True,
+    ) -> Any:
+        """The request, tried again on a transient failure (bridge/retry.py); its answer's
+        JSON."""
         body = json_body(payload)
-        with reaching(self.socket_path, route, timeout):
-            status, data = self._round_trip(route, body, timeout)
-        if status != 200:
-            raise_for(route, status, data)
+
+        def attempt() -> tuple[int, bytes]:
+            with reaching(self.socket_path, route, timeout):
+                status, data = self._round_trip(route, body, timeout)
+            if status != 200:
+                raise_for(route, status, data)
+            return status, data
+
+        _, data = retrying(route, attempt, self.retry_policy, may_retry=may_retry)
         return json.loads(data) if data.strip() else None
 
     def _round_trip(

@@ -20,6 +20,7 @@ import select
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from hypha.accelerate_executor.bridge.bodies import batch_status, wire
@@ -36,7 +37,13 @@ from hypha.accelerate_executor.bridge.client import (
     raise_for,
     reaching,
 )
-from hypha.accelerate_executor.bridge.http_wire import ResponseReader, connect_unix, post_request
+from hypha.accelerate_executor.bridge.http_wire import (
+    Response,
+    ResponseReader,
+    connect_unix,
+    post_request,
+)
+from hypha.accelerate_executor.bridge.retry import retrying
 from hypha.accelerate_executor.errors import BridgeError, BridgeGoneError, ExecutorError
 from hypha.accelerate_executor.spec.job import PeersReference
 
@@ -59,6 +66,7 @@ class _InFlight:
     batch: int
     deadline: float  # time.monotonic() by which its answer must have come
     reader: ResponseReader
+    request: bytes  # sent again after a transient failure
 
 
 class StatusReporter:
@@ -70,6 +78,7 @@ class StatusReporter:
         self._answers: list[StatusAnswer] = []
         self._seen = 0
         self._requests: dict[int, bytes] = {}  # by samples
+        self._retry_policy = bridge.retry_policy
 
     def batch_done(self, batch: int, samples: int) -> None:
         """Sends the status of batch number `batch` (1, 2, 3, ... over the job); does not
@@ -80,6 +89,13 @@ class StatusReporter:
         if request is None:  # made once: every batch reports the job's batch size
             request = post_request(STATUS_ROUTE, json_body(wire(batch_status(samples))))
             self._requests[samples] = request
+        sock = retrying(STATUS_ROUTE, lambda: self._send(request), self._retry_policy)
+        deadline = time.monotonic() + REQUEST_TIMEOUT_S
+        flight = _InFlight(sock, batch, deadline, ResponseReader(), request)
+        self._in_flight[sock.fileno()] = flight
+        self._poller.register(sock, select.POLLIN)
+
+    def _send(self, request: bytes) -> socket.socket:
         with reaching(self._socket_path, STATUS_ROUTE, REQUEST_TIMEOUT_S):
             sock, reused = self._connection()
             try:
@@ -93,9 +109,7 @@ class StatusReporter:
                 # once, on a new connection.
                 sock = connect_unix(self._socket_path, REQUEST_TIMEOUT_S)
                 sock.sendall(request)
-        deadline = time.monotonic() + REQUEST_TIMEOUT_S
-        self._in_flight[sock.fileno()] = _InFlight(sock, batch, deadline, ResponseReader())
-        self._poller.register(sock, select.POLLIN)
+        return sock
 
     def answers(self) -> list[StatusAnswer]:
         """The answers that arrived since the last call, without waiting."""
@@ -143,18 +157,29 @@ class StatusReporter:
                     return
 
     def _take_readable(self, flight: _InFlight) -> None:
+        lost = False
         try:
             response = flight.reader.feed(flight.sock.recv(65536))
         except ValueError as exc:  # not HTTP: whatever is on the socket, it is not the bridge
             raise BridgeError(STATUS_ROUTE, 0, "bad_http", str(exc)) from None
-        if response is None:
+        except ConnectionError:  # the answer is lost; the status may have gone through
+            response, lost = None, True
+        if response is None and not lost:
             return
         self._poller.unregister(flight.sock)
         del self._in_flight[flight.sock.fileno()]
-        if response.keep_alive:
+        if response is not None and response.keep_alive:
             self._idle.append((flight.sock, time.monotonic()))
         else:
             flight.sock.close()
+        if lost or (response is not None and response.status >= 500):
+            # A transient failure: the same status again, waiting for its answer, within the
+            # bound (bridge/retry.py says why the same one, and what a lost answer costs).
+            # Rare, so it may stall the step; the statuses behind it keep their places.
+            response = retrying(
+                STATUS_ROUTE, self._again(flight.request, response), self._retry_policy
+            )
+        assert response is not None
         if response.status != 200:
             raise_for(STATUS_ROUTE, response.status, response.body)
         try:
@@ -163,6 +188,37 @@ class StatusReporter:
             raise BridgeError(STATUS_ROUTE, 200, "bad_answer", "not JSON") from None
         self._seen = max(self._seen, flight.batch)
         self._answers.append(StatusAnswer(answer, flight.batch, self._seen))
+
+    def _again(self, request: bytes, first: Response | None) -> Callable[[], Response]:
+        """The tries of a status whose first try failed (`first`: its 5xx answer, None when
+        its answer was lost): that failure raised as the first try, so that the next one
+        comes after a pause, then `request` sent again."""
+        first_pending = [True]  # emptied once the first failure has been raised
+
+        def attempt() -> Response:
+            if first_pending:
+                first_pending.clear()
+                if first is None:
+                    raise BridgeGoneError("lost the bridge's answer", transient=True)
+                raise_for(STATUS_ROUTE, first.status, first.body)
+            return self._exchange(request)
+
+        return attempt
+
+    def _exchange(self, request: bytes) -> Response:
+        """`request` on a connection of its own, its whole answer awaited."""
+        with reaching(self._socket_path, STATUS_ROUTE, REQUEST_TIMEOUT_S):
+            sock = connect_unix(self._socket_path, REQUEST_TIMEOUT_S)
+            try:
+                sock.sendall(request)
+                reader = ResponseReader()
+                while (response := reader.feed(sock.recv(65536))) is None:
+                    pass
+            finally:
+                sock.close()
+        if response.status >= 500:
+            raise_for(STATUS_ROUTE, response.status, response.body)
+        return response
 
     def _take_answers(self) -> list[StatusAnswer]:
         answers, self._answers = self._answers, []

@@ -253,22 +253,25 @@ class ActionTrainer(Workbench):
         (an update may never be applied to it: a late joiner's first send)."""
         local = self.weights.gather()  # a collective
         loss = self._window_loss()  # a collective too
+        problem, size, relative = None, 0, ""
+        if self.client is not None:
+            relative = f"pseudo-gradients/update-{self.updates_sent}.safetensors"
+            self.updates_sent += 1
+            size = self.global_weights.write_pseudo_gradient(
+                local, self.work_dir / relative, self.dtype, weight
+            )
+        del local
+        if self.client is not None:
+            problem = self._send_update_file(target, relative)
+        # The window closes only once the update carrying it has gone: after a failed send
+        # its batches and loss stay in it, for the `sent-update` of the send that succeeds
+        # (a trained batch counted in exactly one, and every round's loss reported).
+        problem = self.ranks.share(problem)
+        if problem is not None:
+            return problem
         window = self._close_window()
         if self.client is None:
             return IDLE  # only rank 0's status is sent
-        relative = f"pseudo-gradients/update-{self.updates_sent}.safetensors"
-        self.updates_sent += 1
-        size = self.global_weights.write_pseudo_gradient(
-            local, self.work_dir / relative, self.dtype, weight
-        )
-        del local
-        # Open before the send: ours may be the round's last update, and the parameter
-        # server can push the aggregate as soon as it has it, before the send returns.
-        self._open_early_receive(target)
-        try:
-            self.client.send_file(target, relative, remove_file=True)
-        except BridgeError as exc:
-            return error_status("connection", f"sending the update failed: {exc}")
         metrics = {"batches": float(window.batches), "weight": weight}
         if window.batches:
             samples = window.batches * self.job.config.batch_size
@@ -287,6 +290,22 @@ class ActionTrainer(Workbench):
             figures,
         )
         return sent_update(self.round, metrics)
+
+    def _send_update_file(self, target: ActionPeersReference, relative: str) -> Status | None:
+        """Rank 0: the update's file sent (the bridge tries transient failures again,
+        bridge/retry.py); an error status when it did not go."""
+        assert self.client is not None
+        # Open before the send: ours may be the round's last update, and the parameter
+        # server can push the aggregate as soon as it has it, before the send returns.
+        self._open_early_receive(target)
+        try:
+            self.client.send_file(target, relative, remove_file=True)
+        except BridgeError as exc:
+            # The bridge deletes the file only once sent: a failed send's is ours to remove,
+            # a model's worth of disk each.
+            (self.work_dir / relative).unlink(missing_ok=True)
+            return error_status("connection", f"sending the update failed: {exc}")
+        return None
 
     def apply_update(self, source: ActionPeersReference, deadline: float) -> Status:
         """theta_global += u, loaded into the model. Also after no send of ours (a

@@ -17,9 +17,11 @@ from urllib.parse import urlsplit
 from hypha.accelerate_executor.bridge import bodies
 from hypha.accelerate_executor.bridge.actions import ACTION_REQUEST
 from hypha.accelerate_executor.errors import BridgeRefusal
+from hypha.standin.console import say
 from hypha.standin.serving import LISTEN_BACKLOG, TracksConnections
 from hypha.standin.worker.axum_body import deserialized, read_json, shaped
 from hypha.standin.worker.bridge_core import JobBridge
+from hypha.standin.worker.faults import Fault, FaultPlan, kill_sender
 from hypha.standin.worker.openapi import openapi_document
 
 
@@ -33,6 +35,7 @@ class UnixHTTPServer(TracksConnections, socketserver.ThreadingMixIn, socketserve
         super().__init__(path, _Handler, bind_and_activate=False)
         self.bridge = bridge
         self.log_name = bridge.name
+        self.faults = FaultPlan()  # none unless the worker was asked for some (faults.py)
 
 
 _ALPHA17_ROUTES = ("/resources/fetch", "/resources/send", "/resources/receive", "/status/send")
@@ -82,6 +85,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         try:
             raw = read_json(self)
+            if (fault := self.server.faults.take(path)) is not None:
+                self._answer_fault(path, fault)
+                return
             if path == "/resources/fetch":
                 reference = deserialized(bodies.BODY_REFERENCE, raw)
                 self._reply(
@@ -109,6 +115,16 @@ class _Handler(BaseHTTPRequestHandler):
                 self._reply(200, json.dumps(answer).encode(), "application/json")
         except BridgeRefusal as exc:
             self._reply(exc.status, exc.body, exc.content_type)
+
+    def _answer_fault(self, path: str, fault: Fault) -> None:
+        """A fault on demand (faults.py): its error answered, or the executor killed."""
+        if fault.kills:
+            pid = kill_sender(self.connection)
+            say(self.bridge.name, f"fault on demand: {path} killed the executor (pid {pid})")
+            self.close_connection = True
+            return
+        say(self.bridge.name, f"fault on demand: {path} answered {fault.status} {fault.error}")
+        self._reply(fault.status, fault.body, "application/json")
 
     def do_PUT(self) -> None:
         self._reply(405 if self.path in self.routes else 404, b"", None)

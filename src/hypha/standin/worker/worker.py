@@ -40,6 +40,7 @@ from hypha.standin.job_status import (
 )
 from hypha.standin.worker.bridge_server import BridgeServer
 from hypha.standin.worker.executor_entries import ExecutorEntry, substitute
+from hypha.standin.worker.faults import Fault, FaultPlan
 from hypha.standin.worker.stdout_echo import StdoutEcho
 from hypha.standin.worker.work_dirs import make_work_dir, remove_work_dir
 
@@ -75,6 +76,7 @@ class LocalWorker:
         env: dict[str, str] | None = None,
         generation: Generation | None = None,
         strict_receive: bool = False,
+        faults: tuple[Fault, ...] = (),
     ) -> None:
         """`generation`: the bridge this worker serves, as a Hypha release's worker does
         (alpha.17's, or the action protocol's of later releases); None: the one the
@@ -82,6 +84,7 @@ class LocalWorker:
         `strict_receive`: its action-era bridge drops a push no open receive takes."""
         self.generation = generation
         self.strict_receive = strict_receive
+        self.faults = faults  # answered by each job's bridge (faults.py)
         self.name = name
         self.executor = executor
         self.work_base = Path(work_base)
@@ -110,6 +113,7 @@ class LocalWorker:
                 job_id=str(json.loads(job_json)["job_id"]),
                 strict_receive=self.strict_receive,
             )
+            bridge.faults = FaultPlan(self.faults)
             try:
                 bridge.start()
             except OSError as exc:
