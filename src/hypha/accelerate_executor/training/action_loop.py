@@ -124,6 +124,7 @@ class ActionTrainer(Workbench):
         micro_batch_size: int | None = None,
         trust_remote_code: bool = False,
         speculative_step: bool = True,
+        compile: str = "off",
     ) -> None:
         import torch
 
@@ -137,7 +138,7 @@ class ActionTrainer(Workbench):
             self.client = ActionBridgeClient(socket_path, work_dir, job.job_id)
             return self.client
 
-        super().__init__(job, make_bridge, work_dir, micro_batch_size, trust_remote_code)
+        super().__init__(job, make_bridge, work_dir, micro_batch_size, trust_remote_code, compile)
         self.work_dir = work_dir
         self.dtype = getattr(torch, pseudo_gradient_dtype)
         self.global_weights = GlobalWeights(self.weights.gather())  # a collective

@@ -106,6 +106,7 @@ class Trainer(Workbench):
         pseudo_gradient_dtype: str,
         micro_batch_size: int | None = None,
         trust_remote_code: bool = False,
+        compile: str = "off",
     ) -> None:
         import torch
 
@@ -119,6 +120,7 @@ class Trainer(Workbench):
             work_dir,
             micro_batch_size,
             trust_remote_code,
+            compile,
         )
         config = job.config
         # The one receive stream opens here, before anything is sent, and stays open.
@@ -364,9 +366,11 @@ def main(argv: list[str] | None = None) -> int:
             arguments.trust_remote_code,
         )
         if isinstance(job, ActionJob):
-            ActionTrainer(job, *settings, arguments.speculative_step).run()
+            ActionTrainer(
+                job, *settings, arguments.speculative_step, compile=arguments.compile
+            ).run()
         else:
-            Trainer(job, *settings).run()
+            Trainer(job, *settings, compile=arguments.compile).run()
         return EXIT_OK
 
     return run_main(PROG, body, _unexpected)

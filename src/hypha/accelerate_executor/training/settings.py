@@ -25,6 +25,7 @@ from hypha.accelerate_executor.training.speculative import SPECULATIVE_STEP_ENV
 TRUTHY = ("1", "true", "yes", "on")
 FALSY = ("0", "false", "no", "off")
 PSEUDO_GRADIENT_DTYPES = ("float32", "bfloat16")
+COMPILE_CHOICES = ("auto", "on", "off")
 
 
 class SettingValueError(ValueError):
@@ -121,6 +122,15 @@ SETTINGS: tuple[Setting, ...] = (
         switch,
         "off",
         "let a model repository's own Python run",
+    ),
+    Setting(
+        "HYPHA_COMPILE",
+        "--compile",
+        "compile",
+        choice(*COMPILE_CHOICES),
+        "auto",
+        "torch.compile the model's step: on, off, or auto (default: where it is measured to "
+        "pay, a CUDA GPU with Triton and a C compiler); a failed compile falls back to eager",
     ),
 )
 
