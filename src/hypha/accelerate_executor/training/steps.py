@@ -25,7 +25,7 @@ from accelerate.optimizer import AcceleratedOptimizer
 from accelerate.utils import DistributedType
 from accelerate.utils.memory import clear_device_cache, should_reduce_batch_size
 
-from hypha.accelerate_executor.errors import NoLossError, OutOfMemory
+from hypha.accelerate_executor.errors import HyphaError, NoLossError, OutOfMemory
 from hypha.accelerate_executor.training.compiling import Compiled, is_compile_failure
 from hypha.accelerate_executor.training.data import Batch
 from hypha.accelerate_executor.training.distributed import Ranks
@@ -127,8 +127,10 @@ class MicroBatchedStep:
             try:
                 loss = self._attempt(batch)
             except Exception as exc:
-                if not self.compiled.active or (
-                    self.compile_proven and not is_compile_failure(exc)
+                if (
+                    not self.compiled.active
+                    or isinstance(exc, HyphaError)  # the model's or the job's, compiled or not
+                    or (self.compile_proven and not is_compile_failure(exc))
                 ):
                     raise
                 self.compiled.fall_back(exc, self.say)
