@@ -64,9 +64,12 @@ PY
 "$python" - <<'PY' 2>&1 | tee -a "$summary"
 import importlib.util, shutil
 triton = importlib.util.find_spec("triton") is not None
+import os, sysconfig
 compilers = [name for name in ("cc", "gcc", "clang") if shutil.which(name)]
-print(f"compile: triton {'yes' if triton else 'no'}, C compiler {', '.join(compilers) or 'none'}"
-      " (without both, a compiled part falls back to eager and its log says so)")
+headers = os.path.isfile(os.path.join(sysconfig.get_paths()["include"], "Python.h"))
+print(f"compile: triton {'yes' if triton else 'no'}, C compiler {', '.join(compilers) or 'none'}, "
+      f"Python.h {'yes' if headers else 'no'} (without them, a compiled part falls back to "
+      "eager, and says so below)")
 PY
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | sed 's/^/gpu: /' | tee -a "$summary"
 gpus=$("$python" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)')
@@ -83,6 +86,7 @@ part() {
     say "== $name: exit $rc after $(($(date +%s) - started)) s (limit $limit s): selftest --model $model $*"
     [ "$rc" = 124 ] && say "   (timed out; the end of its log is in logs.tar.gz)"
     cat "$logs/$name.txt" >>"$summary"
+    grep -h "compile failed, running eager" "$logs/$name.txt" "$logs/$name.log" | head -n 1 | sed 's/^/   /' | tee -a "$summary"
     [ "$rc" = 0 ] || failed=1
 }
 
