@@ -1,7 +1,7 @@
 """A two-worker, two-round job of the local stand-in with the OTEL_* variables a later Hypha
-worker passes, exporting to a real OTLP/HTTP endpoint on loopback (the stand-in's receiver,
-which decodes each body with the OpenTelemetry protobuf definitions), and what must have
-arrived there."""
+worker passes, exporting to a real OTLP endpoint on loopback (the stand-in's receiver, which
+decodes each body with the OpenTelemetry protobuf definitions, over OTLP/HTTP or OTLP/gRPC),
+and what must have arrived there."""
 
 from __future__ import annotations
 
@@ -23,11 +23,21 @@ HEADER_SECRET = "otlp-token-5d1e0c2b9a"
 SERVICE = "hypha-worker-under-test"
 # A round's line as the worker echoes it: `[w1] round 1: loss 6.2508 | ...`.
 ROUND_LINE = re.compile(r"^\[(w\d)\] (round (\d): loss (\d+\.\d{4}) \|.*)$", re.MULTILINE)
+HTTP_PATHS = ("/v1/logs", "/v1/metrics")
+# The collector services' methods, as the receiver records a gRPC request's path.
+GRPC_PATHS = (
+    "/opentelemetry.proto.collector.logs.v1.LogsService/Export",
+    "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export",
+)
 
 
 @contextmanager
-def otlp_endpoint() -> Iterator[Receiver]:
-    receiver = Receiver(("127.0.0.1", 0))
+def otlp_endpoint(grpc: bool = False, grpc_credentials: Any = None) -> Iterator[Receiver]:
+    """The receiver on loopback, serving OTLP/HTTP, and OTLP/gRPC too when `grpc`."""
+    grpc_address = ("127.0.0.1", 0) if grpc else None
+    receiver = Receiver(
+        ("127.0.0.1", 0), grpc_address=grpc_address, grpc_credentials=grpc_credentials
+    )
     thread = threading.Thread(target=receiver.serve_forever, daemon=True)
     thread.start()
     try:
@@ -37,11 +47,11 @@ def otlp_endpoint() -> Iterator[Receiver]:
         receiver.server_close()
 
 
-def telemetry_variables(endpoint: str) -> dict[str, str]:
+def telemetry_variables(endpoint: str, protocol: str = "http/protobuf") -> dict[str, str]:
     return {
         "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
         "OTEL_EXPORTER_OTLP_HEADERS": f"authorization=Bearer {HEADER_SECRET}",
-        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
         "OTEL_SERVICE_NAME": SERVICE,
         "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=test",
     }
@@ -83,10 +93,15 @@ def rounds_printed(output: str, generation: Generation) -> list[tuple[str, str, 
     return found
 
 
-def check_arrived(receiver: Receiver, output: str, generation: Generation = "alpha17") -> None:
+def check_arrived(
+    receiver: Receiver,
+    output: str,
+    generation: Generation = "alpha17",
+    paths: tuple[str, ...] = HTTP_PATHS,
+) -> None:
     """Every round's line as a log record, and its loss as a metric point, each with the
     worker's resource attributes and service name, the job id and the rank; and the header
-    on every request, added on the host."""
+    on every request (`paths`: OTLP/HTTP's, or gRPC's methods), added on the host."""
     logs = [item for item in receiver.items if item.signal == "log"]
     losses = [i for i in receiver.items if i.name == "hypha.training.loss"]
     for worker, line, number, loss in rounds_printed(output, generation):
@@ -111,5 +126,5 @@ def check_arrived(receiver: Receiver, output: str, generation: Generation = "alp
     )
     assert receiver.requests
     for path, headers in receiver.requests:
-        assert path in ("/v1/logs", "/v1/metrics")
+        assert path in paths
         assert headers.get("authorization") == f"Bearer {HEADER_SECRET}"

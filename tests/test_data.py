@@ -287,3 +287,21 @@ def test_a_snappy_block_that_is_no_slice_is_one_data_error(tmp_path: Path) -> No
     path.write_bytes(bytes(damaged))
     with pytest.raises(DataError, match="12345 is neither a safetensors file nor a Snappy block"):
         load_slice(path, None)
+
+
+def test_a_git_lfs_pointer_in_a_slices_place_is_named_with_its_cause(tmp_path: Path) -> None:
+    """What a data node serving a dataset repository cloned without `git lfs pull` sends: the
+    ~131-byte pointer (upstream's troubleshooting guide, "Snappy decompression failure")."""
+    pointer = (
+        b"version https://git-lfs.github.com/spec/v1\n"
+        b"oid sha256:4d7a214614ab2935c943f9e0ff69d22eadbb8f32b1258daaa5e2ca24d17e2393\n"
+        b"size 268435456\n"
+    )
+    path = tmp_path / "4611686018427387904"
+    path.write_bytes(pointer)
+    with pytest.raises(DataError) as raised:
+        load_slice(path, None)
+    message = str(raised.value)
+    assert message.startswith(f"data slice {path.name} is a Git LFS pointer ({len(pointer)} bytes")
+    assert "cloned without its LFS files" in message and "`git lfs pull`" in message
+    assert "\n" not in message

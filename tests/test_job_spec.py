@@ -353,3 +353,25 @@ def test_the_other_action_era_classes_are_refused_in_one_line(
         raw["executor"]["config"]["environment"] = "CartPole-v1"
     with pytest.raises(UntrainableJobError, match=why):
         parse_any_job_bytes(json.dumps(raw).encode())
+
+
+@pytest.mark.parametrize(
+    ("updates", "why"),
+    [
+        (None, "the job has no updates or results"),
+        ("ps", "alpha.17's types refuse it: executor.config.updates: invalid type: a string, expected an object tagged by `type`"),
+        ({"type": "peers", "peers": ["ps"], "strategy": {"type": "All"}}, "alpha.17's types refuse it: executor.config.updates.peers.0: invalid value: a string, expected a libp2p peer id"),
+    ],
+)  # fmt: skip
+def test_the_generation_line_says_why_alpha17_refused_an_action_job(
+    updates: Any, why: str, tmp_path: Path
+) -> None:
+    """A malformed alpha.17 job (its `updates` no peers reference) is rightly run as an
+    action-era job, serde ignoring the unknown field; the line says why, not that it has none."""
+    from hypha.accelerate_executor.training.alpha17_loop import bridge_generation
+
+    job = _action_job(None if updates is None else lambda c: c.__setitem__("updates", updates))
+    # No socket is asked: only a job both generations accept goes to the bridge.
+    parsed, generation, reason = bridge_generation(job.decode(), "auto", tmp_path / "absent.sock")
+    assert isinstance(parsed, ActionJob) and generation == "actions"
+    assert reason == why  # serde's line, which quotes no value of the job

@@ -196,6 +196,33 @@ def test_final_round_applies_once_and_pushes_model() -> None:
     assert s.round == 2 and s.training_complete and s.push_done
 
 
+def test_a_failed_push_asks_the_next_worker_and_all_failing_ends_the_job() -> None:
+    """As upstream's scheduler: a pusher's error moves the push to the next worker that
+    applied the final update; once every one has failed, every worker is terminated."""
+    s, _ = scheduler(
+        1, rounds=1, workers=((W1, 1), (W2, 1)), multi_batch_size=1,
+        push_destination=("hf/repo", "token"),
+    )  # fmt: skip
+    for worker in (W1, W2):
+        assert s.answer(worker, batch(1)).target.peers == [PS]
+        assert kind(s.answer(worker, sent(s.round))) == "idle"
+    s.aggregated()
+    assert kind(s.answer(W1, IDLE)) == "apply-update"
+    # Before the broadcast is over training seems to go on; W1 has the final model all the same.
+    assert kind(s.answer(W1, APPLIED)) == "execute-batch"
+    assert kind(s.answer(W2, IDLE)) == "apply-update"
+    s.broadcasted()  # every worker that applied it has the final model
+    assert kind(s.answer(W2, APPLIED)) == "idle"
+    assert kind(s.answer(W1, batch(1))) == "idle"
+    assert s.answer(W1, IDLE) == PushToHub("hf/repo", "token")
+    assert kind(s.answer(W2, IDLE)) == "idle"  # one pusher at a time
+    assert s.answer(W1, error_status("other", "pushing the model failed")) == Terminate()
+    assert s.answer(W2, IDLE) == PushToHub("hf/repo", "token")  # the next one is asked
+    assert s.answer(W2, error_status("other", "pushing the model failed")) == Terminate()
+    assert not s.push_done
+    assert s.answer(W1, IDLE) == Terminate()  # nobody is left who could push
+
+
 def test_rejoining_worker_receives_model_before_participating() -> None:
     s, _ = scheduler(1, rounds=3, workers=((W1, 1), (W2, 1)), multi_batch_size=1)
     # Round 0: upstream's pool holds w2 from the start, yet only w1 reports; min_quorum 1

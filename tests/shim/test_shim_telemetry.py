@@ -1,7 +1,7 @@
 """Telemetry out of the executor's container, which has no network (docs/telemetry.md): a
 two-worker, two-round job through the shim in the cpu image, with the OTEL_* variables a
-later Hypha worker passes, exporting to a real OTLP/HTTP endpoint on loopback through the
-shim's relay; and the same job without them."""
+later Hypha worker passes, exporting to a real OTLP endpoint on loopback through the shim's
+relay, over OTLP/HTTP and over OTLP/gRPC; and the same job without them."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from shim_harness import WORKER_GID, WORKER_UID
 from hypha.accelerate_executor.platform.image_tags import image_tags
 from hypha.accelerate_executor.telemetry import SOCKET_VARIABLE
 from telemetry_job import (
+    GRPC_PATHS,
     HEADER_SECRET,
     check_arrived,
     otlp_endpoint,
@@ -111,7 +112,9 @@ def run_job(
     return watch
 
 
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
 def test_a_job_through_the_shim_exports_through_the_relay_and_keeps_the_token_out(
+    protocol: str,
     image: str,
     job_base: Path,
     docker_api: Any,
@@ -119,11 +122,17 @@ def test_a_job_through_the_shim_exports_through_the_relay_and_keeps_the_token_ou
     capfd: pytest.CaptureFixture[str],
     tmp_path: Path,
 ) -> None:
-    with otlp_endpoint() as receiver:
-        variables = telemetry_variables(receiver.url)
+    """With grpc, the same container (it posts OTLP/HTTP protobuf to the relay) and a gRPC
+    collector: the relay on the host makes each export a gRPC call, the header metadata."""
+    grpc = protocol == "grpc"
+    with otlp_endpoint(grpc=grpc) as receiver:
+        variables = telemetry_variables(receiver.grpc_url if grpc else receiver.url, protocol)
         watch = run_job(image, job_base, docker_api, variables, monkeypatch, tmp_path)
     printed = capfd.readouterr()
-    check_arrived(receiver, printed.out)
+    if grpc:
+        check_arrived(receiver, printed.out, paths=GRPC_PATHS)
+    else:
+        check_arrived(receiver, printed.out)
     for described in watch.inspected.values():
         env = dict(line.split("=", 1) for line in described["Config"]["Env"])
         assert env[SOCKET_VARIABLE].endswith("/otlp.sock")

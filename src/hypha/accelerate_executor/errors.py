@@ -149,6 +149,14 @@ class TensorFileError(ExecutorError):
     """A file is not the safetensors file it should be."""
 
 
+class ModelExportError(ExecutorError):
+    """The trained model could not be written as a Hugging Face folder."""
+
+
+class PushError(ExecutorError):
+    """The trained model could not be uploaded to its destination (`push-to-hub`)."""
+
+
 class Cancelled(BaseException):
     """SIGTERM from the worker, or from a launcher passing it on. Not an Exception: the
     training loop's `except Exception` clauses must let it through."""

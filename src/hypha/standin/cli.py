@@ -237,6 +237,27 @@ def main(argv: list[str]) -> int:
     return run_main(PROG, body)
 
 
+def _push_destination() -> tuple[str, str] | None:
+    """The job's model_destination, from HYPHA_PUSH_REPOSITORY and HYPHA_PUSH_TOKEN (never an
+    argument: a command line is readable by every local user); None when neither is set."""
+    repository = os.environ.get("HYPHA_PUSH_REPOSITORY") or None
+    token = os.environ.get("HYPHA_PUSH_TOKEN") or None
+    if repository is None and token is None:
+        return None
+    if repository is None or token is None:
+        raise UsageError("a push destination needs both HYPHA_PUSH_REPOSITORY and HYPHA_PUSH_TOKEN")
+    if repository.count("/") != 1 or not all(repository.split("/")):
+        raise UsageError(f"HYPHA_PUSH_REPOSITORY {repository!r} is not OWNER/NAME")
+    return repository, token
+
+
+def _hub_standin() -> bool:
+    choice = os.environ.get("HYPHA_PUSH_HUB", "")
+    if choice not in ("", "standin"):
+        raise UsageError(f"HYPHA_PUSH_HUB {choice!r}: only `standin` (or unset: HF_ENDPOINT's Hub)")
+    return choice == "standin"
+
+
 def _with_run_options(args: argparse.Namespace) -> int:
     from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
 
@@ -272,6 +293,8 @@ def _with_run_options(args: argparse.Namespace) -> int:
             owner=args.as_user,
             timeout_s=args.timeout,
             strict_receive=args.strict_receive,
+            push_destination=_push_destination(),
+            hub_standin=_hub_standin(),
         )
 
     from hypha.standin.coordinator.report import finish
@@ -281,7 +304,9 @@ def _with_run_options(args: argparse.Namespace) -> int:
     host, port = args.listen
     catalog = Catalog.from_assets(ensure_assets(args.assets, options.asset_spec()))
     try:
-        coordinator = Coordinator(catalog, options, host=host, port=port)
+        coordinator = Coordinator(
+            catalog, options, host=host, port=port, push_destination=_push_destination()
+        )
     except OSError as exc:
         raise LocalError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
     with coordinator, cancel_on_signals(coordinator):

@@ -12,7 +12,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from types import FrameType
 
@@ -22,6 +22,7 @@ from hypha.standin.coordinator.client import CoordinatorClient
 from hypha.standin.coordinator.report import finish
 from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
 from hypha.standin.data_service.assets import ensure_assets
+from hypha.standin.hub import HubStandin
 from hypha.standin.worker.executor_entries import ExecutorEntry
 from hypha.standin.worker.worker import LocalWorker, serve_one_job
 
@@ -76,10 +77,52 @@ def run_demo(
     timeout_s: float = 1800.0,
     keepalive_s: float = 5.0,
     strict_receive: bool = False,
+    push_destination: tuple[str, str] | None = None,
+    hub_standin: bool = False,
 ) -> int:
+    """`push_destination` (repository, token): the job's model_destination, pushed to the
+    Hub HF_ENDPOINT names, or with `hub_standin` to a loopback Hub stand-in (standin/hub.py)
+    whose files are then listed."""
     say("demo", f"preparing the {options.job} job's model and data (generated once, then cached)")
     catalog = Catalog.from_assets(ensure_assets(assets_dir, options.asset_spec()))
-    coordinator = Coordinator(catalog, options)
+    with ExitStack() as stack:
+        hub = None
+        push_env: dict[str, str] = {}
+        if push_destination is not None and hub_standin:
+            hub = stack.enter_context(HubStandin(push_destination[1]))
+            # Where the executors push (the stand-in speaks basic LFS only, not xet).
+            push_env = {"HF_ENDPOINT": hub.url, "HF_HUB_DISABLE_XET": "1"}
+            say("demo", f"Hub stand-in at {hub.url}: the final model goes to {push_destination[0]}")
+        code = _run(
+            options, executor, catalog, out_dir, work_base, owner, timeout_s, keepalive_s,
+            strict_receive, push_destination, push_env,
+        )  # fmt: skip
+        if hub is not None and push_destination is not None:
+            repo = hub.repos.get(push_destination[0])
+            if repo is None or not repo.files:
+                warn("demo", f"nothing was pushed to {push_destination[0]}")
+                return 1
+            listing = ", ".join(
+                f"{name} ({len(data)} B)" for name, data in sorted(repo.files.items())
+            )
+            say("demo", f"pushed to {push_destination[0]}: {listing}")
+    return code
+
+
+def _run(
+    options: RunOptions,
+    executor: ExecutorEntry,
+    catalog: Catalog,
+    out_dir: Path,
+    work_base: Path,
+    owner: tuple[int, int] | None,
+    timeout_s: float,
+    keepalive_s: float,
+    strict_receive: bool,
+    push_destination: tuple[str, str] | None,
+    push_env: dict[str, str],
+) -> int:
+    coordinator = Coordinator(catalog, options, push_destination=push_destination)
     coordinator.start()
     say(
         "demo",
@@ -108,7 +151,7 @@ def run_demo(
             owner=owner,
             keepalive_s=keepalive_s,
             strict_receive=strict_receive,
-            env={"OMP_NUM_THREADS": threads_each},
+            env={"OMP_NUM_THREADS": threads_each, **push_env},
         )
         for index in range(options.all_workers)
     ]

@@ -1,11 +1,14 @@
-"""A tiny OTLP/HTTP endpoint for the stand-in: what an operator's collector would be, for
-the compose cluster's telemetry profile and the tests (docs/telemetry.md).
+"""A tiny OTLP endpoint for the stand-in: what an operator's collector would be, for the
+compose cluster's telemetry profile and the tests (docs/telemetry.md).
 
-    python -m hypha.standin.otlp_receiver [--listen HOST:PORT] [--out FILE]
+    python -m hypha.standin.otlp_receiver [--listen HOST:PORT] [--grpc-listen HOST:PORT]
+        [--out FILE]
 
-Decodes each request with the OpenTelemetry protobuf definitions (opentelemetry-proto) and
-keeps every log record and metric data point with its resource's attributes; prints one line
-for each and, with --out, appends it to FILE as JSON.
+Serves OTLP/HTTP, and with --grpc-listen OTLP/gRPC as well (the collector services of
+opentelemetry-proto's generated *_pb2_grpc modules, with grpcio). Decodes each request with
+the OpenTelemetry protobuf definitions and keeps every log record and metric data point with
+its resource's attributes; prints one line for each and, with --out, appends it to FILE as
+JSON.
 """
 
 from __future__ import annotations
@@ -62,9 +65,18 @@ def decode(signal: str, body: bytes) -> list[Item]:
         ExportMetricsServiceRequest,
     )
 
+    if signal == "logs":
+        return items_of(signal, ExportLogsServiceRequest.FromString(body))
+    if signal == "metrics":
+        return items_of(signal, ExportMetricsServiceRequest.FromString(body))
+    return []
+
+
+def items_of(signal: str, request: Any) -> list[Item]:
+    """The items of one decoded Export<Signal>ServiceRequest."""
     items: list[Item] = []
     if signal == "logs":
-        logs = ExportLogsServiceRequest.FromString(body)
+        logs = request
         for resource_logs in logs.resource_logs:
             resource = _attributes(resource_logs.resource.attributes)
             for scope in resource_logs.scope_logs:
@@ -75,7 +87,7 @@ def decode(signal: str, body: bytes) -> list[Item]:
                     for r in scope.log_records
                 ]
     elif signal == "metrics":
-        metrics = ExportMetricsServiceRequest.FromString(body)
+        metrics = request
         for resource_metrics in metrics.resource_metrics:
             resource = _attributes(resource_metrics.resource.attributes)
             for scope in resource_metrics.scope_metrics:
@@ -98,22 +110,53 @@ def decode(signal: str, body: bytes) -> list[Item]:
 
 
 class Receiver(http.server.ThreadingHTTPServer):
-    """Serves until `shutdown()`; `items` and `requests` (each request's path and headers)
-    grow as requests come in."""
+    """Serves OTLP/HTTP until `shutdown()`, and OTLP/gRPC on `grpc_address` when given (from
+    construction until `server_close()`); `items` and `requests` (each request's path, or
+    gRPC method, and headers, or metadata) grow as requests come in. `grpc_credentials`
+    (grpc.ServerCredentials): gRPC over TLS."""
 
     daemon_threads = True
+    # A class default: server_close() runs inside super().__init__ when the bind fails.
+    _grpc: Any = None
 
-    def __init__(self, address: tuple[str, int], out: Path | None = None, echo: bool = False):
+    def __init__(
+        self,
+        address: tuple[str, int],
+        out: Path | None = None,
+        echo: bool = False,
+        grpc_address: tuple[str, int] | None = None,
+        grpc_credentials: Any = None,
+    ):
         super().__init__(address, _Handler)
         self.items: list[Item] = []
         self.requests: list[tuple[str, dict[str, str]]] = []
         self.lock = threading.Lock()
         self.out, self.echo = out, echo
+        self.grpc_port = 0
+        self._grpc_tls = grpc_credentials is not None
+        if grpc_address is not None:
+            try:
+                self._grpc, self.grpc_port = _serve_grpc(self, grpc_address, grpc_credentials)
+            except BaseException:
+                super().server_close()
+                raise
 
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
         return f"http://{host!s}:{port}"
+
+    @property
+    def grpc_url(self) -> str:
+        """The OTLP/gRPC endpoint, as OTEL_EXPORTER_OTLP_ENDPOINT names it."""
+        scheme = "https" if self._grpc_tls else "http"
+        return f"{scheme}://{self.server_address[0]!s}:{self.grpc_port}"
+
+    def server_close(self) -> None:
+        if self._grpc is not None:
+            self._grpc.stop(grace=None)
+            self._grpc = None
+        super().server_close()
 
     def take(self, path: str, headers: dict[str, str], items: list[Item]) -> None:
         with self.lock:
@@ -150,6 +193,48 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         """Quiet: the items are the output."""
 
 
+def _serve_grpc(receiver: Receiver, address: tuple[str, int], credentials: Any) -> tuple[Any, int]:
+    """A gRPC server with the OTLP logs and metrics services, started, and its port."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import grpc
+    from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
+    from opentelemetry.proto.collector.metrics.v1 import (
+        metrics_service_pb2,
+        metrics_service_pb2_grpc,
+    )
+
+    def take(signal: str, method: str, request: Any, context: Any) -> None:
+        metadata = {key: value for key, value in context.invocation_metadata()}
+        receiver.take(method, metadata, items_of(signal, request))
+
+    class Logs(logs_service_pb2_grpc.LogsServiceServicer):
+        def Export(self, request: Any, context: Any) -> Any:
+            take("logs", "/opentelemetry.proto.collector.logs.v1.LogsService/Export", request, context)  # fmt: skip
+            return logs_service_pb2.ExportLogsServiceResponse()
+
+    class Metrics(metrics_service_pb2_grpc.MetricsServiceServicer):
+        def Export(self, request: Any, context: Any) -> Any:
+            take("metrics", "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export", request, context)  # fmt: skip
+            return metrics_service_pb2.ExportMetricsServiceResponse()
+
+    server = grpc.server(ThreadPoolExecutor(max_workers=4))
+    logs_service_pb2_grpc.add_LogsServiceServicer_to_server(Logs(), server)
+    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Metrics(), server)
+    target = f"{address[0]}:{address[1]}"
+    try:
+        port = (
+            server.add_secure_port(target, credentials)
+            if credentials is not None
+            else server.add_insecure_port(target)
+        )
+    except RuntimeError:  # grpcio's way of saying the bind failed
+        server.stop(grace=None)
+        raise OSError(f"cannot listen on {target} for OTLP/gRPC") from None
+    server.start()
+    return server, port
+
+
 def _address(value: str) -> tuple[str, int]:
     host, _, port = value.rpartition(":")
     if not host or not port.isdigit():
@@ -159,15 +244,23 @@ def _address(value: str) -> tuple[str, int]:
 
 def main(argv: list[str] | None = None) -> int:
     def body() -> int:
-        p = OneLineArgumentParser(prog=PROG, description="A tiny OTLP/HTTP endpoint.")
+        p = OneLineArgumentParser(prog=PROG, description="A tiny OTLP endpoint.")
         p.add_argument("--listen", type=_address, default=("127.0.0.1", 4318))
+        p.add_argument(
+            "--grpc-listen", type=_address, help="serve OTLP/gRPC too, on HOST:PORT (4317 usual)"
+        )
         p.add_argument("--out", type=Path, help="append every item to FILE as JSON lines")
         args = p.parse_args(sys.argv[1:] if argv is None else argv)
         try:
-            receiver = Receiver(args.listen, args.out, echo=True)
-        except OSError as exc:
-            raise UsageError(f"cannot listen on {args.listen}: {exc.strerror or exc}") from None
+            receiver = Receiver(args.listen, args.out, echo=True, grpc_address=args.grpc_listen)
+        except OSError as exc:  # the HTTP side's bind (strerror), or the gRPC side's
+            where = f"cannot listen on {args.listen}: {exc.strerror}"
+            raise UsageError(where if exc.strerror else str(exc)) from None
+        except ImportError as exc:
+            raise UsageError(f"--grpc-listen needs grpcio: {exc}") from None
         print(f"{PROG}: OTLP/HTTP on {receiver.url}", flush=True)
+        if args.grpc_listen:
+            print(f"{PROG}: OTLP/gRPC on {receiver.grpc_url}", flush=True)
         receiver.serve_forever()
         return EXIT_OK
 

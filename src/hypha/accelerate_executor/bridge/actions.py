@@ -83,6 +83,7 @@ APPLIED_UPDATE = UnitStatus(state="applied-update")
 SENT_MODEL = UnitStatus(state="sent-model")
 RECEIVED_MODEL = UnitStatus(state="received-model")
 WAITED_FOR_MODEL = UnitStatus(state="waited-for-model")
+PUSHED_TO_HUB = UnitStatus(state="pushed-to-hub")
 
 
 def batch_completed(batch_size: int, batches: int) -> BatchCompletedStatus:

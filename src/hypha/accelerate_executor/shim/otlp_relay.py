@@ -7,28 +7,33 @@ OTEL_EXPORTER_OTLP_HEADERS (tokens, usually) here on the host: they never enter 
 container, its environment or `docker inspect`. The container gets the socket's path and
 the worker's resource attributes and service name (container_env).
 
-Only OTLP/HTTP with protobuf bodies is relayed (what the executor's exporter sends); with
-OTEL_EXPORTER_OTLP_PROTOCOL set to anything else the job runs without telemetry, and the
-shim says so in one line.
+The executor always sends OTLP/HTTP with protobuf bodies. Where the worker asked for
+OTLP/gRPC (OTEL_EXPORTER_OTLP_PROTOCOL=grpc, or a signal's own _PROTOCOL), the relay sends
+the same protobuf bytes as a gRPC unary call to the collector's Export method, the headers as
+gRPC metadata (otlp_grpc.py). With http/json the job runs without telemetry, and the shim
+says so in one line.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gzip
 import http.server
 import os
 import socketserver
-import ssl
 import threading
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from hypha.accelerate_executor.telemetry import SOCKET_VARIABLE, wanted
+from hypha.accelerate_executor.shim.otlp_upstream import TelemetryConfigError, Upstream
+from hypha.accelerate_executor.telemetry import SOCKET_VARIABLE
+
+if TYPE_CHECKING:
+    from hypha.accelerate_executor.shim.otlp_grpc import GrpcForwarder
 
 SOCKET_NAME = "otlp.sock"
-SIGNALS = ("logs", "metrics", "traces")
 # What the executor in the container may read: nothing in it is secret.
 PASSED_ON = (
     "OTEL_SERVICE_NAME",
@@ -40,60 +45,10 @@ FORWARDED_REQUEST_HEADERS = ("Content-Type", "Content-Encoding")
 FORWARD_TIMEOUT_S = 10.0
 
 
-class TelemetryConfigError(Exception):
-    """The worker's OTEL_* variables ask for what the relay cannot do."""
-
-
-@dataclass(frozen=True)
-class Upstream:
-    """Where each signal goes, and with which headers; repr() leaves the headers out."""
-
-    urls: dict[str, str]
-    headers: dict[str, dict[str, str]] = field(repr=False)
-    tls: ssl.SSLContext | None = field(default=None, repr=False)
-
-
-def _headers(value: str | None) -> dict[str, str]:
-    if not value:
-        return {}
-    from opentelemetry.util.re import parse_env_headers
-
-    return dict(parse_env_headers(value, liberal=True))
-
-
-def upstream_from(env: Mapping[str, str]) -> Upstream | None:
-    """The endpoint the worker configured, by the OTLP exporter's rules: a signal's own
-    OTEL_EXPORTER_OTLP_<SIGNAL>_ENDPOINT as it is, else OTEL_EXPORTER_OTLP_ENDPOINT plus
-    /v1/<signal>. None when telemetry is off."""
-    if not wanted(env):
-        return None
-    protocol = env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf"
-    if protocol != "http/protobuf":
-        raise TelemetryConfigError(
-            f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol} is not relayed (only http/protobuf)"
-        )
-    base = (env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "").rstrip("/")
-    common = _headers(env.get("OTEL_EXPORTER_OTLP_HEADERS"))
-    urls: dict[str, str] = {}
-    headers: dict[str, dict[str, str]] = {}
-    for signal in SIGNALS:
-        own = env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT")
-        if own or base:
-            urls[signal] = own or f"{base}/v1/{signal}"
-            headers[signal] = {
-                **common,
-                **_headers(env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_HEADERS")),
-            }
-    if not urls:  # only HYPHA_OTLP_SOCKET: this shim is not the one to relay
-        return None
-    certificate = env.get("OTEL_EXPORTER_OTLP_CERTIFICATE")
-    tls = ssl.create_default_context(cafile=certificate) if certificate else None
-    return Upstream(urls, headers, tls)
-
-
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
     upstream: Upstream
+    grpc: GrpcForwarder | None
 
     def handle_error(self, request: object, client_address: object) -> None:
         """Silent: the one error left, an executor gone before its answer (it stops waiting
@@ -108,6 +63,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         upstream = self.server.upstream
         signal = self.path.rstrip("/").rpartition("/v1/")[2]
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.server.grpc is not None and signal in upstream.grpc:
+            if self.headers.get("Content-Encoding") == "gzip":  # the call carries it plain
+                body = gzip.decompress(body)
+            self._answer(*self.server.grpc.export(signal, body))
+            return
         if signal not in upstream.urls:
             self._answer(404, b"", "text/plain")
             return
@@ -128,7 +88,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             # Unreachable: the exporter retries or drops the batch, training goes on.
             self._answer(502, b"", "text/plain")
 
-    def _answer(self, status: int, body: bytes, content_type: str | None) -> None:
+    def _answer(self, status: int, body: bytes, content_type: str | None = None) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type or "application/x-protobuf")
         self.send_header("Content-Length", str(len(body)))
@@ -141,12 +101,27 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 class OtlpRelay:
     """Serves the relay on WORK_DIR/otlp.sock from `start()` until `stop()`, connectable by
-    `owner` (the container's uid:gid) only."""
+    `owner` (the container's uid:gid) only. Raises TelemetryConfigError when a signal goes
+    over gRPC and grpcio is not installed."""
 
     def __init__(self, work_dir: str, upstream: Upstream, owner: tuple[int, int]) -> None:
         self.socket_path = os.path.join(work_dir, SOCKET_NAME)
         self._server = _Server(self.socket_path, _Handler, bind_and_activate=False)
         self._server.upstream = upstream
+        self._server.grpc = None
+        if upstream.grpc:  # grpcio is imported only here: the shim starts fast without it
+            # gRPC's core logs a failed TLS handshake or connection on stderr, which is the
+            # executor's log here; the exporter hears of it as the HTTP status it acts on.
+            # Read at grpcio's first import; an operator's own setting stays.
+            os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+            try:
+                from hypha.accelerate_executor.shim.otlp_grpc import GrpcForwarder
+            except ImportError:
+                self._server.server_close()
+                raise TelemetryConfigError(
+                    "OTEL_EXPORTER_OTLP_PROTOCOL=grpc needs grpcio on the host (the [shim] extra)"
+                ) from None
+            self._server.grpc = GrpcForwarder(upstream, FORWARD_TIMEOUT_S)
         self._owner = owner
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="otlp-relay", daemon=True
@@ -170,6 +145,8 @@ class OtlpRelay:
         if self._thread.is_alive():
             self._server.shutdown()
         self._server.server_close()
+        if self._server.grpc is not None:
+            self._server.grpc.close()
         self._unlink()
 
     def container_env(self, env: Mapping[str, str]) -> dict[str, str]:

@@ -25,8 +25,10 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import stat
 from collections.abc import Callable
+from pathlib import Path
 
 from hypha.accelerate_executor.entry import OneLineArgumentParser, run_main, say_error
 from hypha.accelerate_executor.errors import ShimError
@@ -53,11 +55,12 @@ from hypha.accelerate_executor.shim.container_spec import (
     launcher_args,
 )
 from hypha.accelerate_executor.shim.engine import connect, find_image, root_cause
+from hypha.accelerate_executor.shim.hub_upload import FolderRefused, HubUpload, private_copy
 from hypha.accelerate_executor.shim.jobfile import write_job_file
 from hypha.accelerate_executor.shim.mount_source import host_work_dir
 from hypha.accelerate_executor.shim.mps_bundle import run_bundle
-from hypha.accelerate_executor.shim.otlp_relay import (
-    OtlpRelay,
+from hypha.accelerate_executor.shim.otlp_relay import OtlpRelay
+from hypha.accelerate_executor.shim.otlp_upstream import (
     TelemetryConfigError,
     Upstream,
     upstream_from,
@@ -76,6 +79,8 @@ _GPUS = re.compile(r"all|[\w-]+(,[\w-]+)*")
 # executor is emulated as, the shim's own: QEMU's default, `max`, has SVE, whose emulation
 # makes torch's matmuls 15-20 times slower than NEON's (docs/images.md).
 FORWARDED_ENV = ("OMP_NUM_THREADS", "QEMU_CPU")
+MODEL_DIR_VARIABLE = "HYPHA_MODEL_DIR"
+KEPT_MODEL_DIR = "kept-model"  # in the work dir: where the executor keeps the final model
 
 
 def pattern_arg(pattern: re.Pattern[str], what: str) -> Callable[[str], str]:
@@ -241,6 +246,19 @@ def _run_container(
     relay = _start_relay(work_dir, owner)  # stopped below, whatever happens after this
     if relay is not None:
         env.update(relay.container_env(os.environ))
+    # push-to-hub from the host (shim/hub_upload.py): the container keeps no network.
+    hub_upload = HubUpload(work_dir, owner)
+    try:
+        hub_upload.start()
+    except OSError as exc:
+        _say(f"push-to-hub off: cannot serve {hub_upload.socket_path}: {exc.strerror or exc}")
+    else:
+        env.update(hub_upload.container_env())
+    # HYPHA_MODEL_DIR names a host directory, which the container never sees: the executor
+    # keeps the model in the work dir, and the shim copies it there once the container ends.
+    host_model_dir = os.environ.get(MODEL_DIR_VARIABLE) or None
+    if host_model_dir is not None:
+        env[MODEL_DIR_VARIABLE] = os.path.join(work_dir, KEPT_MODEL_DIR)
     spec = ContainerSpec(
         image=image,
         command=command,
@@ -268,6 +286,9 @@ def _run_container(
     finally:
         if relay is not None:
             relay.stop()
+        hub_upload.stop()
+    if host_model_dir is not None:
+        _copy_kept_model(work_dir, job_id, host_model_dir)
     if outcome.cancelled_by:
         _say(f"cancelled by {outcome.cancelled_by}; container stopped (exit {outcome.exit_code})")
         return interrupts.exit_code
@@ -278,6 +299,26 @@ def _run_container(
             f"exit {outcome.exit_code}"
         )
     return outcome.exit_code
+
+
+def _copy_kept_model(work_dir: str, job_id: str, host_model_dir: str) -> None:
+    """The model the executor kept at terminate (WORK_DIR/kept-model/JOB_ID), copied into
+    HYPHA_MODEL_DIR/JOB_ID on the host as the shim's user: regular files only, never a link
+    the container made. None kept (a job ended early) is one line, never a failure."""
+    kept = os.path.join(work_dir, KEPT_MODEL_DIR, job_id)
+    if not os.path.isdir(kept):
+        _say(f"no model kept for {host_model_dir}: the executor wrote none")
+        return
+    destination = Path(host_model_dir) / job_id
+    try:
+        if destination.exists():
+            shutil.rmtree(destination)
+        destination.mkdir(parents=True)
+        names = private_copy(kept, work_dir, destination)
+    except (FolderRefused, OSError) as exc:
+        _say(f"the model was not kept in {host_model_dir}: {exc}")
+        return
+    _say(f"kept the model in {destination}: {', '.join(names)}")
 
 
 def _start_relay(work_dir: str, owner: tuple[int, int]) -> OtlpRelay | None:
@@ -293,7 +334,11 @@ def _start_relay(work_dir: str, owner: tuple[int, int]) -> OtlpRelay | None:
         return None
     if upstream is None:
         return None
-    relay = OtlpRelay(work_dir, upstream, owner)
+    try:
+        relay = OtlpRelay(work_dir, upstream, owner)
+    except TelemetryConfigError as exc:  # gRPC asked for, and no grpcio here
+        _say(f"telemetry off: {exc}")
+        return None
     try:
         relay.start()
     except OSError as exc:

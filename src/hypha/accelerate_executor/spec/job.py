@@ -500,6 +500,21 @@ def parse_any_job_bytes(data: bytes, generation: Generation | None = None) -> An
     raise old if _shaped_for_alpha17(data) else new
 
 
+def why_refused(data: bytes, generation: Generation) -> str:
+    """Why `generation`'s types refuse a job the other generation's accept, for the executor's
+    generation line: an action-era job simply has no `updates` or `results` for alpha.17;
+    any other job is named with the refusal itself (serde's line, which quotes no value of
+    the job), e.g. an `updates` that is no peers reference, which the action-era types ignore
+    as an unknown field."""
+    if generation == "alpha17" and not _shaped_for_alpha17(data):
+        return "the job has no updates or results"
+    refused = _attempt(parse_job_bytes if generation == "alpha17" else parse_action_job_bytes, data)
+    if not isinstance(refused, JobSpecError):
+        raise ValueError(f"{generation}'s types accept this job")
+    who = "alpha.17's" if generation == "alpha17" else "the action protocol's"
+    return f"{who} types refuse it: {refused}"
+
+
 def _attempt(parse: Callable[[bytes], _M], data: bytes) -> _M | JobSpecError:
     try:
         return parse(data)

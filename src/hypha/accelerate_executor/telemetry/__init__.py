@@ -63,8 +63,6 @@ class Telemetry:
     own endpoint) and LOCAL_RANK; the SDK reads its OTEL_* from the process's environment."""
 
     def __init__(self, job_id: str, rank: int, env: Mapping[str, str]) -> None:
-        from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
         from opentelemetry.sdk._logs import LoggerProvider
         from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
         from opentelemetry.sdk.metrics import MeterProvider
@@ -76,7 +74,12 @@ class Telemetry:
         # The worker's OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME, read by the SDK, plus ours.
         resource = Resource.create({JOB_ID_ATTRIBUTE: job_id, RANK_ATTRIBUTE: rank})
         socket_path = env.get(SOCKET_VARIABLE)
-        if socket_path:
+        if socket_path:  # OTLP/HTTP to the relay, whatever protocol the relay speaks on
+            from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
+            from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
+                OTLPMetricExporter,
+            )
+
             from hypha.accelerate_executor.telemetry.otlp_unix import RELAY_URL, unix_session
 
             log_exporter = OTLPLogExporter(
@@ -86,7 +89,7 @@ class Telemetry:
                 endpoint=f"{RELAY_URL}/v1/metrics", session=unix_session(socket_path)
             )
         else:
-            log_exporter, metric_exporter = OTLPLogExporter(), OTLPMetricExporter()
+            log_exporter, metric_exporter = _native_exporters(env)
         self.logs: LoggerProvider = LoggerProvider(resource=resource)
         self.logs.add_log_record_processor(BatchLogRecordProcessor(log_exporter))
         self.meters: MeterProvider = MeterProvider(
@@ -141,6 +144,40 @@ class Telemetry:
             thread.join(max(0.0, deadline - time.monotonic()))
 
 
+class GrpcExporterMissing(ImportError):
+    """The worker asked for OTLP/gRPC, and this environment has no gRPC exporter."""
+
+
+def _grpc(env: Mapping[str, str], signal: str) -> bool:
+    """Whether the OTLP spec's protocol variables (the signal's own, else the common one)
+    ask `signal` to go over gRPC."""
+    protocol = env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL") or env.get(
+        "OTEL_EXPORTER_OTLP_PROTOCOL"
+    )
+    return (protocol or "").strip() == "grpc"
+
+
+def _native_exporters(env: Mapping[str, str]) -> tuple[Any, Any]:
+    """An executor on the host exports itself: the SDK's OTLP/HTTP exporters, or its OTLP/gRPC
+    ones for a signal whose protocol is grpc. Those need opentelemetry-exporter-otlp-proto-grpc
+    (and grpcio), which no image carries: in a container, the shim's relay speaks gRPC."""
+    if _grpc(env, "logs") or _grpc(env, "metrics"):
+        try:
+            from opentelemetry.exporter.otlp.proto.grpc import _log_exporter as grpc_logs
+            from opentelemetry.exporter.otlp.proto.grpc import metric_exporter as grpc_metrics
+        except ImportError:
+            raise GrpcExporterMissing(
+                "OTEL_EXPORTER_OTLP_PROTOCOL=grpc needs opentelemetry-exporter-otlp-proto-grpc "
+                "in the executor's environment (under the shim, gRPC is relayed without it)"
+            ) from None
+    from opentelemetry.exporter.otlp.proto.http import _log_exporter as http_logs
+    from opentelemetry.exporter.otlp.proto.http import metric_exporter as http_metrics
+
+    logs = grpc_logs if _grpc(env, "logs") else http_logs
+    metrics = grpc_metrics if _grpc(env, "metrics") else http_metrics
+    return logs.OTLPLogExporter(), metrics.OTLPMetricExporter()
+
+
 _active: Telemetry | None = None
 
 
@@ -150,6 +187,8 @@ def start(job_id: str, env: Mapping[str, str] = os.environ) -> None:
     if _active is None and wanted(env):
         try:
             _active = Telemetry(job_id, int(env.get("RANK", "0")), env)
+        except GrpcExporterMissing as exc:
+            print(f"warning: telemetry off: {exc}", flush=True)
         except ImportError as exc:  # a native install without the [telemetry] extra
             print(f"warning: telemetry off: {exc} (the [telemetry] extra)", flush=True)
 

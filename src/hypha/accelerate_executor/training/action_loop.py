@@ -9,8 +9,8 @@ action the scheduler answers with, report what came of it, until `terminate`.
     wait-for-model{d}     wait until d                          -> waited-for-model
     receive-model{s, d}   theta_global = a peer's, load it      -> received-model
     send-model{t}         send a copy of theta_global           -> sent-model
-    push-to-hub           not possible here (no network)        -> error{other}
-    terminate             exit 0
+    push-to-hub{r, t}     theta_global in HF layout, uploaded     -> pushed-to-hub
+    terminate             theta_global kept (HYPHA_MODEL_DIR); exit 0
 
 A bridge that refuses or a peer that sends nothing in time becomes `error{connection}`, any
 other failure of an action `error{other}`; the scheduler decides what follows (idle, or
@@ -48,6 +48,7 @@ from hypha.accelerate_executor.bridge.actions import (
     APPLIED_UPDATE,
     IDLE,
     JOINED,
+    PUSHED_TO_HUB,
     RECEIVED_MODEL,
     SENT_MODEL,
     WAITED_FOR_MODEL,
@@ -85,6 +86,7 @@ if TYPE_CHECKING:
 # once is not asked again in a tight loop. Batches that train are reported at once.
 MIN_LOOP_S = 0.1
 RECEIVE_DIR = "incoming"
+EXPORT_DIR = "model"  # the work dir's Hugging Face folder that push-to-hub uploads
 # How long the receive opened with a send stays open: the aggregate comes once the round's
 # slowest peer has sent too, which can be a whole window of training after us. An open
 # receive costs nothing while it waits; when it ends empty, `apply-update` opens its own.
@@ -124,6 +126,7 @@ class ActionTrainer(Workbench):
         micro_batch_size: int | None = None,
         trust_remote_code: bool = False,
         speculative_step: bool = True,
+        model_dir: Path | None = None,
         compile: str = "off",
     ) -> None:
         import torch
@@ -140,6 +143,7 @@ class ActionTrainer(Workbench):
 
         super().__init__(job, make_bridge, work_dir, micro_batch_size, trust_remote_code, compile)
         self.work_dir = work_dir
+        self.model_dir = model_dir  # where the final model is kept at terminate, if anywhere
         self.dtype = getattr(torch, pseudo_gradient_dtype)
         self.global_weights = GlobalWeights(self.weights.gather())  # a collective
         self.round = 0  # updates applied (a received model counts as the round it joined)
@@ -214,12 +218,10 @@ class ActionTrainer(Workbench):
                 return self.receive_model(source, deadline)
             case SendModel(target=target):
                 return self.send_model(target)
-            case PushToHub():
-                # The executor's container has no network, and a token must not reach it.
-                return error_status(
-                    "other", "push-to-hub is not supported: the executor has no network"
-                )
+            case PushToHub(repository=repository, token=token):
+                return self.push_to_hub(repository, token)
             case Terminate():
+                self.keep_model()
                 return None
         raise AssertionError(f"no action on rank {self.ranks.index}")  # share() gave None
 
@@ -329,6 +331,48 @@ class ActionTrainer(Workbench):
         except BridgeError as exc:
             return error_status("connection", f"sending the model failed: {exc}")
         return SENT_MODEL
+
+    def push_to_hub(self, repository: str, token: str) -> Status:
+        """The final model, written in Hugging Face layout into the work dir (and the model
+        dir when there is one) by rank 0, uploaded to `repository` (hub_push.py)."""
+        from hypha.accelerate_executor.training.hub_push import push
+
+        folder = self.work_dir / EXPORT_DIR
+        if self.client is None:
+            self.write_model(folder)
+            return IDLE  # only rank 0's status is sent
+        try:
+            self.write_model(folder)
+            url = push(folder, repository, token)
+        except ExecutorError as exc:
+            self.say(str(exc))
+            return error_status("other", str(exc))
+        self.say(f"pushed the model to {repository} ({url})")
+        return PUSHED_TO_HUB
+
+    def keep_model(self) -> None:
+        """At `terminate`: the final model into the operator's model dir, if one is set, in a
+        folder named after the job (one job's model never overwrites another's), so that
+        nothing trained is lost when the job has no destination."""
+        if self.model_dir is not None:
+            self.write_model(self.model_dir / self.job.job_id)
+
+    def write_model(self, folder: Path) -> None:
+        """Rank 0 writes theta_global as a Hugging Face folder (model_export.py)."""
+        from hypha.accelerate_executor.training.model_export import write_hf_folder
+
+        try:
+            if self.ranks.is_main:
+                files = write_hf_folder(
+                    self.accelerator.unwrap_model(self.model),
+                    self.global_weights.tensors,
+                    self.weights.aliases,
+                    self.work_dir / "artifacts",
+                    folder,
+                )
+                self.say(f"wrote the model to {folder}: {', '.join(files)}")
+        finally:
+            self.ranks.barrier()  # the other ranks wait for rank 0 whatever came of it
 
     # Parts.
 

@@ -50,6 +50,7 @@ from hypha.accelerate_executor.spec.job import (
     Job,
     job_bytes,
     parse_any_job_bytes,
+    why_refused,
 )
 from hypha.accelerate_executor.training import settings
 from hypha.accelerate_executor.training.clocks import Laps
@@ -317,9 +318,9 @@ def bridge_generation(
         return job, forced, "as asked"
     parsed = parse_any_job_bytes(data)
     if isinstance(parsed, Job):
-        return parsed, "alpha17", "the job fits alpha.17 only"
+        return parsed, "alpha17", why_refused(data, "actions")
     if isinstance(parsed, ActionJob):
-        return parsed, "actions", "the job has no updates or results"
+        return parsed, "actions", why_refused(data, "alpha17")
     from hypha.accelerate_executor.bridge.action_client import probe_generation
 
     probed = probe_generation(socket_path)
@@ -367,7 +368,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         if isinstance(job, ActionJob):
             ActionTrainer(
-                job, *settings, arguments.speculative_step, compile=arguments.compile
+                job,
+                *settings,
+                arguments.speculative_step,
+                model_dir=arguments.model_dir,
+                compile=arguments.compile,
             ).run()
         else:
             Trainer(job, *settings, compile=arguments.compile).run()

@@ -14,7 +14,8 @@ file under a live mapping (SIGBUS). Every rank reads the moved file.
 
 Action-era data nodes serve each slice as one raw Snappy block of a safetensors file
 (`artifacts/<hash>`); alpha.17's serve the safetensors file itself. The bytes tell which
-(`is_plain_safetensors`): both load.
+(`is_plain_safetensors`): both load. A Git LFS pointer in a slice's place (a data node serving a
+repository cloned without its LFS files) is named as such.
 """
 
 from __future__ import annotations
@@ -151,6 +152,25 @@ def is_plain_safetensors(head: bytes, size: int) -> bool:
     return header_bytes <= size - 8 and head[8:9] == b"{"
 
 
+# How a Git LFS pointer file opens (https://github.com/git-lfs/git-lfs/blob/main/docs/spec.md):
+# what a repository cloned without `git lfs pull` holds in each large file's place.
+GIT_LFS_POINTER = b"version https://git-lfs.github.com/spec/"
+HEAD_BYTES = len(GIT_LFS_POINTER)
+
+
+def refuse_git_lfs_pointer(path: Path, head: bytes, size: int) -> None:
+    """Raises DataError naming the cause when the slice is a Git LFS pointer (upstream's
+    troubleshooting guide, hypha-space/hypha docs/content/troubleshooting.md @ 08b44721:
+    "Snappy decompression failure", the copied `size=131`)."""
+    if head.startswith(GIT_LFS_POINTER):
+        raise DataError(
+            f"data slice {path.name} is a Git LFS pointer ({size} bytes starting "
+            f"`{GIT_LFS_POINTER.decode()}v1`), not the slice: the data node's dataset "
+            "repository was cloned without its LFS files; run `git lfs pull` in it "
+            "(git-lfs installed) and serve the dataset again"
+        )
+
+
 def _uncompressed_slice(path: Path, file: io.FileIO, size: int) -> bytearray:
     import cramjam  # the executor's Snappy codec (pyproject's train extra)
 
@@ -169,7 +189,9 @@ def _read_slice(path: Path) -> tuple[dict[str, TensorEntry], bytearray | mmap.mm
     try:
         with open(path, "rb", buffering=0) as file:
             size = os.fstat(file.fileno()).st_size
-            if not is_plain_safetensors(os.pread(file.fileno(), 9, 0), size):
+            head = os.pread(file.fileno(), HEAD_BYTES, 0)
+            refuse_git_lfs_pointer(path, head, size)
+            if not is_plain_safetensors(head, size):
                 plain = _uncompressed_slice(path, file, size)
                 buffer = io.BytesIO(plain)
                 buffer.name = path.name

@@ -118,6 +118,11 @@ class ModelWeights:
         self._is_main = accelerator.is_main_process
 
     @property
+    def aliases(self) -> dict[str, str]:
+        """Every state-dict name, mapped to the canonical name its tensor travels under."""
+        return dict(self._aliases)
+
+    @property
     def names(self) -> list[str]:
         return list(self._unique)
 

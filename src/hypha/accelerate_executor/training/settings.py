@@ -16,6 +16,7 @@ import argparse
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from hypha.accelerate_executor.errors import UsageError
@@ -61,6 +62,21 @@ def micro_batch_size(value: str) -> int | None:
     if not value.isdigit() or int(value) < 1:
         raise SettingValueError("accepted: a positive number of samples, or auto")
     return int(value)
+
+
+def model_dir(value: str) -> Path | None:
+    """Where the final model is kept, or nowhere (empty). Made now if missing, so that one
+    the executor cannot write is said before the job trains, not after."""
+    if not value:
+        return None
+    path = Path(value)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SettingValueError(f"model dir {value!r}: {exc.strerror or exc}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise SettingValueError(f"model dir {value!r} is not writable")
+    return path
 
 
 @dataclass(frozen=True)
@@ -122,6 +138,15 @@ SETTINGS: tuple[Setting, ...] = (
         switch,
         "off",
         "let a model repository's own Python run",
+    ),
+    Setting(
+        "HYPHA_MODEL_DIR",
+        "--model-dir",
+        "model_dir",
+        model_dir,
+        "",
+        "action protocol: where the final model is written in Hugging Face layout at "
+        "terminate, whether or not it was pushed (default: nowhere)",
     ),
     Setting(
         "HYPHA_COMPILE",

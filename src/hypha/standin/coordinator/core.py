@@ -63,8 +63,11 @@ class CoordinatorCore:
         *,
         name: str = "coordinator",
         clock: Callable[[], float] = time.monotonic,
+        push_destination: tuple[str, str] | None = None,
     ) -> None:
-        """`clock` (seconds) times the statuses the scheduler projects from."""
+        """`clock` (seconds) times the statuses the scheduler projects from;
+        `push_destination` (repository, token) is the job's `model_destination`, which the
+        action-era scheduler pushes the final model to."""
         self.catalog = catalog
         self.options = options
         self.name = name
@@ -80,7 +83,11 @@ class CoordinatorCore:
         self.actions: ActionScheduler | None = None
         if actions:
             self.actions = ActionScheduler(
-                options.target_samples, options.rounds, self.parameter_server_peer, clock
+                options.target_samples,
+                options.rounds,
+                self.parameter_server_peer,
+                clock,
+                push_destination=push_destination,
             )
         # The peers the update being broadcast has yet to reach (action era): the broadcast
         # is over, and the next round starts, once each has reported `applied-update`.

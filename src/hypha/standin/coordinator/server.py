@@ -27,8 +27,11 @@ class Coordinator(CoordinatorCore):
         port: int = 0,
         name: str = "coordinator",
         clock: Callable[[], float] = time.monotonic,
+        push_destination: tuple[str, str] | None = None,
     ) -> None:
-        super().__init__(catalog, options, name=name, clock=clock)
+        super().__init__(
+            catalog, options, name=name, clock=clock, push_destination=push_destination
+        )
         self._server = CoordinatorServer((host, port), self)
 
     @property

@@ -133,6 +133,7 @@ class _Worker:
     waiting_for_model: bool = False
     receiving_from: str | None = None
     is_pusher: bool = False
+    push_failed: bool = False
 
 
 @dataclass
@@ -187,6 +188,11 @@ class ActionScheduler:
         self.sent.clear()
         self.round += 1
         self.training_complete = self.training_complete or self.round >= self.rounds
+        if self.training_complete:
+            # Every worker that applied it has the final model: each may be asked to push,
+            # the next one when a push fails.
+            for worker in self.workers.values():
+                worker.applied_final_update = worker.applied_final_update or worker.applied_update
         self.count = 0
         if not self.training_complete:
             self.aggregated_updates = False
@@ -200,6 +206,7 @@ class ActionScheduler:
             case BatchCompletedStatus(batch_size=batch_size, batches=batches):
                 return self._on_batch(peer, worker, batch_size, batches)
             case ErrorStatus(type=kind):
+                worker.push_failed = worker.push_failed or worker.is_pusher
                 worker.is_pusher = False
                 return self._idle(SHORT_IDLE_S) if kind == "connection" else Terminate()
         state = status.state
@@ -234,7 +241,13 @@ class ActionScheduler:
                 peers(self._parameter_servers(), "All"), self._deadline(APPLY_UPDATE_S)
             )
         if self.training_complete:
-            if worker.applied_final_update and not any(w.is_pusher for w in self.workers.values()):
+            if not any(w.applied_final_update and not w.push_failed for w in self.workers.values()):
+                return Terminate()  # every worker with the final model failed to push it
+            if (
+                worker.applied_final_update
+                and not worker.push_failed
+                and not any(w.is_pusher for w in self.workers.values())
+            ):
                 worker.is_pusher = True
                 if self.push_destination is None:
                     self.push_done = True
