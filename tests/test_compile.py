@@ -136,3 +136,13 @@ def test_a_compile_that_fails_falls_back_to_eager_in_one_line(short_tmp: Path) -
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.splitlines()
     assert len(lines) == 1 and lines[0].startswith("compile failed, running eager: "), lines
+
+
+def test_auto_compiles_only_where_it_was_measured_to_pay() -> None:
+    from hypha.accelerate_executor.training.compiling import auto_compiles, compile_model
+
+    assert auto_compiles(torch.device("cpu")) == (False, "auto: not on cpu (measured not to pay)")
+    assert not auto_compiles(torch.device("cuda"), "DEEPSPEED")[0]
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    assert compile_model(model, "auto", torch.device("cpu")).what.startswith("eager (auto: ")
+    assert model[0]._compiled_call_impl is None and model._compiled_call_impl is None

@@ -6,6 +6,7 @@ CUDA GPU whose Triton and C compiler are there, and nowhere else:
   docs/performance.md), and inductor's C++ backend needs a compiler the cpu image lacks.
 - ROCm: torch's "cuda" device too, but unmeasured here: off until a ROCm run shows it pays.
 - MPS: inductor's Metal backend is still a prototype in torch 2.13: off.
+- DeepSpeed: its engine's ZeRO hooks are not measured compiled: off (FSDP2 and DDP compile).
 
 What is compiled: each block of the model's transformer block list, in place
 (`Module.compile`, which keeps the module and its parameters as they are: no `_orig_mod.`
@@ -42,8 +43,11 @@ def compiler_missing(device: torch.device) -> str | None:
     return None
 
 
-def auto_compiles(device: torch.device) -> tuple[bool, str]:
-    """`auto`'s choice for `device`, and why (the module's docstring says how it was decided)."""
+def auto_compiles(device: torch.device, distributed_type: str = "NO") -> tuple[bool, str]:
+    """`auto`'s choice for `device` under accelerate's `distributed_type`, and why (the
+    module's docstring says how it was decided)."""
+    if distributed_type == "DEEPSPEED":
+        return False, "auto: not under DeepSpeed (its ZeRO hooks are not measured compiled)"
     if device.type != "cuda":
         return False, f"auto: not on {device.type} (measured not to pay)"
     if torch.version.hip is not None:
@@ -90,12 +94,15 @@ class Compiled:
         say(f"compile failed, running eager: {type(exc).__name__}: {detail}")
 
 
-def compile_model(model: torch.nn.Module, choice: str, device: torch.device) -> Compiled:
-    """Compiles `model` in place as `choice` (on, off, auto) asks; returns what it did."""
+def compile_model(
+    model: torch.nn.Module, choice: str, device: torch.device, distributed_type: str = "NO"
+) -> Compiled:
+    """Compiles `model` in place as `choice` (on, off, auto) asks, for `device` under
+    accelerate's `distributed_type`; returns what it did."""
     if choice == "off":
         return Compiled(what="eager (off)")
     if choice == "auto":
-        chosen, why = auto_compiles(device)
+        chosen, why = auto_compiles(device, distributed_type)
         if not chosen:
             return Compiled(what=f"eager ({why})")
     else:

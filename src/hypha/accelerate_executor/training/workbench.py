@@ -121,7 +121,9 @@ class Workbench:
             share = micro_batch_size or self.data.share.size
             deepspeed.deepspeed_config["train_micro_batch_size_per_gpu"] = share
         # In place, before accelerate wraps it (DDP, FSDP2), as torchtitan orders the two.
-        compiled = compile_model(model, compile, self.accelerator.device)
+        compiled = compile_model(
+            model, compile, self.accelerator.device, self.accelerator.distributed_type.value
+        )
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.model.train()
         self.say(f"step: {compiled.what}")
