@@ -37,9 +37,9 @@ from safetensors.torch import load_file, save_file
 from hypha.accelerate_executor.bridge.bodies import batch_status
 from hypha.accelerate_executor.bridge.client import BridgeClient, Continue, Done, ScheduleUpdate
 from hypha.accelerate_executor.spec.job import parse_job
-from hypha.accelerate_executor.training.alpha17_loop import TRUTHY
 from hypha.accelerate_executor.training.modeling import load_model
 from hypha.accelerate_executor.training.optimization import adamw_arguments, build_lr_schedule
+from hypha.accelerate_executor.training.settings import switch
 
 STATUS_SENDERS = 8
 
@@ -62,7 +62,7 @@ def main() -> int:
     bridge = BridgeClient(arguments.socket, arguments.work_dir)
     bridge.fetch(config.model.artifact)
     # As the executor decides it: the near-free model ships its own code.
-    trusted = os.environ.get("HYPHA_TRUST_REMOTE_CODE", "") in TRUTHY
+    trusted = switch(os.environ.get("HYPHA_TRUST_REMOTE_CODE") or "off")
     model = load_model(config.model.task, arguments.work_dir / "artifacts", trusted)
     model.train(not arguments.eval_mode)
     optimizer = torch.optim.AdamW(model.parameters(), **adamw_arguments(job))

@@ -20,7 +20,7 @@ from hypha.accelerate_executor.tools.selftest.devices import (
     nvidia_driver_verdict,
     peak_tflops,
 )
-from hypha.accelerate_executor.tools.selftest.report import Report, judge, render
+from hypha.accelerate_executor.tools.selftest.report import Report, as_json, judge, render
 from hypha.accelerate_executor.tools.selftest.runs import BareRun, ExecutorRun, OomCheck
 from hypha.accelerate_executor.tools.selftest.workload import SIZES
 
@@ -82,6 +82,20 @@ def test_a_gpu_host_that_trains_passes_with_its_figures_in_the_table() -> None:
     assert "halved to micro-batches of 16, trained 2 steps" in table
     assert "all-reduce   n/a: one device" in table
     assert table.splitlines()[-1] == "verdict      PASS: this host trains with this executor"
+
+
+def test_the_first_rounds_extra_time_is_said_beside_the_compile_setting() -> None:
+    run = executor_run()
+    run.rounds[1].update(samples_per_second=32.0, batches=40.0)  # 20 s, against 5 s
+    for number in (2, 3):
+        run.rounds[number]["batches"] = 40.0
+    report = gpu_report(executor=run, compile="on")
+    table = render(report, judge(report))
+    assert (
+        "compile      HYPHA_COMPILE=on; the bare loop is eager; the first round's steps took "
+        "15.0 s longer than a later round's"
+    ) in table
+    assert as_json(report, judge(report))["figures"]["first_round_extra_s"] == 15.0
 
 
 @pytest.mark.parametrize(

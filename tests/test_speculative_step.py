@@ -9,7 +9,6 @@ so the executor runs here under a fixed seed."""
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import os
 import subprocess
@@ -292,12 +291,19 @@ def test_a_dropped_gradient_leaves_weights_statistics_and_draws_as_they_were() -
 
 
 def test_the_setting_is_on_or_off() -> None:
-    from hypha.accelerate_executor.training.alpha17_loop import speculative_step
+    from hypha.accelerate_executor.training.settings import (
+        SettingValueError,
+        from_environment,
+        switch,
+    )
 
-    assert all(speculative_step(value) for value in ("on", "ON", "1", "true", "yes", ""))
-    assert not any(speculative_step(value) for value in ("off", "0", "false", "no"))
-    with pytest.raises(argparse.ArgumentTypeError, match="neither on nor off"):
-        speculative_step("maybe")
+    def chosen(value: str) -> bool:
+        return bool(from_environment({"HYPHA_SPECULATIVE_STEP": value})["speculative_step"])
+
+    assert all(chosen(value) for value in ("on", "ON", "1", "true", "yes", ""))
+    assert not any(chosen(value) for value in ("off", "0", "false", "no"))
+    with pytest.raises(SettingValueError, match="accepted: 1, true, yes, on"):
+        switch("maybe")
 
 
 # The scripts themselves are what the test relies on: both kinds of answer follow a batch.

@@ -3,7 +3,6 @@ whole batch's gradient, and the out-of-memory fallback."""
 
 from __future__ import annotations
 
-import argparse
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -13,9 +12,9 @@ import torch
 from accelerate import Accelerator
 
 from hypha.accelerate_executor.errors import NoLossError, OutOfMemory
-from hypha.accelerate_executor.training.alpha17_loop import micro_batch_size
 from hypha.accelerate_executor.training.distributed import Ranks
 from hypha.accelerate_executor.training.optimization import build_adamw
+from hypha.accelerate_executor.training.settings import SettingValueError, micro_batch_size
 from hypha.accelerate_executor.training.steps import MicroBatchedStep, loss_of
 
 
@@ -134,10 +133,10 @@ def test_out_of_memory_at_one_sample_is_one_clear_error() -> None:
 
 
 def test_the_micro_batch_size_setting_is_a_number_or_auto() -> None:
-    assert micro_batch_size("auto") is None and micro_batch_size("") is None
+    assert micro_batch_size("auto") is None and micro_batch_size("AUTO") is None
     assert micro_batch_size("64") == 64
-    for bad in ("0", "-3", "1.5", "lots"):
-        with pytest.raises(argparse.ArgumentTypeError, match="neither a positive number"):
+    for bad in ("0", "-3", "1.5", "lots", ""):
+        with pytest.raises(SettingValueError, match="a positive number of samples, or auto"):
             micro_batch_size(bad)
 
 

@@ -5,6 +5,7 @@ random-init model of its own; its loss falls. Many tasks in one process keep it 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -54,7 +55,10 @@ def train(case: TaskCase, root: Path, socket_dir: Path) -> list[float]:
         work_dir = socket_dir / case.task  # a Unix socket's path must stay short
         work_dir.mkdir()
         with BridgeServer(work_dir, client.backend(job["job_id"])) as bridge:
-            Trainer(parse_job(json.dumps(job)), bridge.socket_path, work_dir, "float32").run()
+            job_spec = parse_job(json.dumps(job))
+            # HYPHA_COMPILE=on runs the matrix compiled (slow on a CPU: not in the default run).
+            compile = os.environ.get("HYPHA_COMPILE") or "off"
+            Trainer(job_spec, bridge.socket_path, work_dir, "float32", compile=compile).run()
         metrics = coordinator.summary()["workers"]["w1"]["metrics"]
     return [round_metrics["loss"] for _, round_metrics in sorted(metrics.items())]
 

@@ -5,22 +5,31 @@
 #   HYPHA_ACCEPTANCE_OUT=DIR bash bench/gpu_acceptance/run.sh
 #
 # Parts, each `hypha-accelerate selftest` under a time limit, on the machine's own torch:
-#   selftest    one GPU, GPT-2 124M in bf16: the executor against a bare loop, MFU, memory,
-#               the out-of-memory micro-batching on the real allocator
+#   selftest    one GPU, GPT-2 124M in bf16: the executor (eager, --compile off) against a
+#               bare loop, MFU, memory, the out-of-memory micro-batching on the real allocator
+#   selftest-compiled  the same with the executor's step compiled (--compile on); the bare
+#               loop, eager, stays the baseline
 #   fsdp        the same model through accelerate-configs/fsdp.yaml (FSDP2), one process
+#   fsdp-compiled  the same, compiled
 #   deepspeed   through accelerate-configs/deepspeed-zero2.yaml, one process; DeepSpeed's
 #               ops, where it needs any, JIT-build with the machine's nvcc
 #   actions     the same job on the action protocol of later Hypha workers, the stand-in's
 #               answers held back 50 ms as a remote scheduler's, with the speculative step
 #   actions-blocking  the same without it (--speculative-step off), the executor alone
-# The sharded parts need a GPU and are skipped (and said) without one. Everything lands in
+# The sharded parts need a GPU and are skipped (and said) without one. Where a compiled part
+# and its eager one both ran, a table sets them side by side: samples/s, tokens/s, the ratio
+# to the bare eager loop, MFU, peak memory, how much longer the first round took (compiling).
+# The compile table alone, in one device call of under 10 minutes:
+#   HYPHA_ACCEPTANCE_PARTS="selftest selftest-compiled fsdp fsdp-compiled profile" \
+#       bash bench/gpu_acceptance/run.sh
+# Everything lands in
 # DIR (default gpu-acceptance-results/): summary.txt (every part's table, exit code and
 # time, and what was skipped), each part's findings as JSON, and logs.tar.gz (stdout and
 # stderr of every part). About 6 minutes on an H100; the limits add up to 8 and a half.
 #
 # Settings: HYPHA_ACCEPTANCE_MODEL (default gpt2-124m; the local dry run passes tiny),
-# HYPHA_ACCEPTANCE_PARTS (default "selftest fsdp deepspeed profile actions actions-blocking":
-# a rerun can take fewer), HYPHA_ACCEPTANCE_ANSWER_DELAY_MS (default 50: the actions parts'
+# HYPHA_ACCEPTANCE_PARTS (default "selftest selftest-compiled fsdp fsdp-compiled deepspeed
+# profile actions actions-blocking": more than one 10-minute call; a rerun can take fewer), HYPHA_ACCEPTANCE_ANSWER_DELAY_MS (default 50: the actions parts'
 # answer delay),
 # PYTHON (default python3, the machine's own).
 set -uo pipefail
@@ -52,6 +61,16 @@ import importlib.metadata as m, platform
 names = ("torch", "accelerate", "transformers", "deepspeed", "pydantic", "hypha-accelerate-executor")
 print(f"python {platform.python_version()}; " + ", ".join(f"{n} {m.version(n)}" for n in names))
 PY
+"$python" - <<'PY' 2>&1 | tee -a "$summary"
+import importlib.util, shutil
+triton = importlib.util.find_spec("triton") is not None
+import os, sysconfig
+compilers = [name for name in ("cc", "gcc", "clang") if shutil.which(name)]
+headers = os.path.isfile(os.path.join(sysconfig.get_paths()["include"], "Python.h"))
+print(f"compile: triton {'yes' if triton else 'no'}, C compiler {', '.join(compilers) or 'none'}, "
+      f"Python.h {'yes' if headers else 'no'} (without them, a compiled part falls back to "
+      "eager, and says so below)")
+PY
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | sed 's/^/gpu: /' | tee -a "$summary"
 gpus=$("$python" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)')
 
@@ -67,16 +86,21 @@ part() {
     say "== $name: exit $rc after $(($(date +%s) - started)) s (limit $limit s): selftest --model $model $*"
     [ "$rc" = 124 ] && say "   (timed out; the end of its log is in logs.tar.gz)"
     cat "$logs/$name.txt" >>"$summary"
+    grep -h "compile failed, running eager" "$logs/$name.txt" "$logs/$name.log" | head -n 1 | sed 's/^/   /' | tee -a "$summary"
     [ "$rc" = 0 ] || failed=1
 }
 
-parts=" ${HYPHA_ACCEPTANCE_PARTS:-selftest fsdp deepspeed profile actions actions-blocking} "
+parts=" ${HYPHA_ACCEPTANCE_PARTS:-selftest selftest-compiled fsdp fsdp-compiled deepspeed profile actions actions-blocking} "
 delay=${HYPHA_ACCEPTANCE_ANSWER_DELAY_MS:-50}
 wanted() { [[ $parts == *" $1 "* ]]; }
-wanted selftest && part selftest 125
+wanted selftest && part selftest 125 --compile off
+# A cold compile of GPT-2 124M's block, forward and backward, takes tens of seconds.
+wanted selftest-compiled && part selftest-compiled 180 --compile on --skip oom
 if [ "$gpus" -gt 0 ]; then
-    wanted fsdp && part fsdp 70 --accelerate-config fsdp --num-processes 1 --rounds 2
-    wanted deepspeed && part deepspeed 80 --accelerate-config deepspeed-zero2 --num-processes 1 --rounds 2
+    fsdp=(--accelerate-config fsdp --num-processes 1 --rounds 2)
+    wanted fsdp && part fsdp 70 "${fsdp[@]}" --compile off
+    wanted fsdp-compiled && part fsdp-compiled 130 "${fsdp[@]}" --compile on
+    wanted deepspeed && part deepspeed 80 --accelerate-config deepspeed-zero2 --num-processes 1 --rounds 2 --compile off
     if wanted profile; then
         say ""
         say "== profile: where a bare step's GPU time goes (bench/gpu_acceptance/profile_step.py)"
@@ -88,8 +112,10 @@ else
     say "== fsdp, deepspeed, profile: skipped: no GPU (accelerate shards only on GPUs)"
 fi
 actions=(--bridge-generation actions --answer-delay-ms "$delay")
-wanted actions && part actions 120 "${actions[@]}" --speculative-step on --skip oom
-wanted actions-blocking && part actions-blocking 75 "${actions[@]}" --speculative-step off --skip bare,oom
+wanted actions && part actions 120 "${actions[@]}" --speculative-step on --skip oom --compile off
+wanted actions-blocking && part actions-blocking 75 "${actions[@]}" --speculative-step off --skip bare,oom --compile off
+say ""
+"$python" bench/gpu_acceptance/compile_table.py "$out" 2>&1 | tee -a "$summary"
 if [ -f "$out/actions.json" ] && [ -f "$out/actions-blocking.json" ]; then
     say ""
     "$python" - "$out" "$delay" <<'PY' 2>&1 | tee -a "$summary"

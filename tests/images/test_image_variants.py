@@ -87,3 +87,15 @@ def test_the_standin_is_labelled_as_one_and_differs_only_in_torch() -> None:
     assert standin.keys() == real.keys()
     assert all(standin[name] == real[name] for name in real if name != "torch")
     assert pinned_version(standin["torch"]) == "2.13.0+cpu"
+
+
+def test_the_nvidia_variants_and_only_they_get_the_compile_toolchain() -> None:
+    """The runtime stage installs gcc (and Python's headers) for torch.compile where the
+    variant's name matches its `case` pattern: every NVIDIA container variant, nothing else."""
+    step = DOCKERFILE.split("# torch.compile on a GPU", 1)[1].split("COPY --from=venv", 1)[0]
+    (pattern,) = re.findall(r'case "\$VARIANT" in (\S+)\)', step)
+    assert pattern == "cu*"
+    for variant in CONTAINER_VARIANTS:
+        nvidia = BY_NAME[variant].accelerator == "nvidia"
+        assert variant.startswith("cu") == nvidia, variant
+    assert "gcc" in step and "python3-dev" in step and "rm -rf /var/lib/apt/lists/*" in step

@@ -127,6 +127,7 @@ class ActionTrainer(Workbench):
         trust_remote_code: bool = False,
         speculative_step: bool = True,
         model_dir: Path | None = None,
+        compile: str = "off",
     ) -> None:
         import torch
 
@@ -140,7 +141,7 @@ class ActionTrainer(Workbench):
             self.client = ActionBridgeClient(socket_path, work_dir, job.job_id)
             return self.client
 
-        super().__init__(job, make_bridge, work_dir, micro_batch_size, trust_remote_code)
+        super().__init__(job, make_bridge, work_dir, micro_batch_size, trust_remote_code, compile)
         self.work_dir = work_dir
         self.model_dir = model_dir  # where the final model is kept at terminate, if anywhere
         self.dtype = getattr(torch, pseudo_gradient_dtype)

@@ -52,8 +52,8 @@ from hypha.accelerate_executor.spec.job import (
     parse_any_job_bytes,
     why_refused,
 )
+from hypha.accelerate_executor.training import settings
 from hypha.accelerate_executor.training.clocks import Laps
-from hypha.accelerate_executor.training.speculative import SPECULATIVE_STEP_ENV
 from hypha.accelerate_executor.training.workbench import Workbench, say
 
 if TYPE_CHECKING:
@@ -63,8 +63,6 @@ if TYPE_CHECKING:
 
 # The module a worker runs (`python -m ...`), and what this process's own lines start with.
 PROG = "hypha.accelerate_executor.training"
-PSEUDO_GRADIENT_DTYPES = ("float32", "bfloat16")
-TRUTHY = ("1", "true", "yes")
 
 
 @dataclass(frozen=True)
@@ -109,6 +107,7 @@ class Trainer(Workbench):
         pseudo_gradient_dtype: str,
         micro_batch_size: int | None = None,
         trust_remote_code: bool = False,
+        compile: str = "off",
     ) -> None:
         import torch
 
@@ -122,6 +121,7 @@ class Trainer(Workbench):
             work_dir,
             micro_batch_size,
             trust_remote_code,
+            compile,
         )
         config = job.config
         # The one receive stream opens here, before anything is sent, and stays open.
@@ -282,43 +282,9 @@ def scheduler_decision(answers: list[StatusAnswer], current: Decision) -> Decisi
     return current
 
 
-def micro_batch_size(value: str) -> int | None:
-    """`--micro-batch-size` / HYPHA_MICRO_BATCH_SIZE: samples per micro-batch, or `auto`
-    (also empty) for the whole share, halved on an out-of-memory error."""
-    if value in ("", "auto"):
-        return None
-    if not value.isdigit() or int(value) < 1:
-        raise argparse.ArgumentTypeError(
-            f"micro-batch size {value!r} is neither a positive number of samples nor auto"
-        )
-    return int(value)
-
-
-def model_dir(value: str) -> Path:
-    """`--model-dir` / HYPHA_MODEL_DIR: where the final model is kept. Made now if missing,
-    so that one the executor cannot write is said before the job trains, not after."""
-    path = Path(value)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise argparse.ArgumentTypeError(f"model dir {value!r}: {exc.strerror or exc}") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise argparse.ArgumentTypeError(f"model dir {value!r} is not writable")
-    return path
-
-
-def speculative_step(value: str) -> bool:
-    """`--speculative-step` / HYPHA_SPECULATIVE_STEP: on (also 1, true, yes, empty) or off
-    (also 0, false, no)."""
-    choice = value.strip().lower()
-    if choice in ("", "on", *TRUTHY):
-        return True
-    if choice in ("off", "0", "false", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"speculative step {value!r} is neither on nor off")
-
-
 def parse_arguments(argv: list[str]) -> argparse.Namespace:
+    """The arguments, and every setting (settings.SETTINGS) from its flag or `HYPHA_*`
+    variable: a value a setting refuses ends here, before the bridge is touched."""
     parser = OneLineArgumentParser(
         prog=f"python -m {PROG}",
         description="Run one Hypha DiLoCo training job over the Job Bridge.",
@@ -331,45 +297,8 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
         help="the job JSON, or @path to a file holding it; default: $JOB_JSON, which the "
         "Hypha worker sets, and which keeps a token out of the process list",
     )
-    parser.add_argument(
-        "--pseudo-gradient-dtype",
-        choices=PSEUDO_GRADIENT_DTYPES,
-        default=os.environ.get("HYPHA_PSEUDO_GRADIENT_DTYPE", "float32"),
-        help="dtype of the pseudo-gradients sent (bfloat16 halves the bytes; default float32, "
-        "which upstream's parameter server expects)",
-    )
-    parser.add_argument(
-        "--bridge-generation",
-        choices=("auto", *GENERATIONS),
-        default=os.environ.get("HYPHA_BRIDGE_GENERATION") or "auto",
-        help="the Job Bridge's protocol: alpha17 (statuses), actions (the action protocol of "
-        "later Hypha releases) or auto (default: from the job, asking the bridge when the job "
-        "fits both)",
-    )
-    parser.add_argument(
-        "--micro-batch-size",
-        type=micro_batch_size,
-        default=os.environ.get("HYPHA_MICRO_BATCH_SIZE", "auto"),
-        help="samples per micro-batch (default auto: the whole batch, halved on out of memory)",
-    )
-    parser.add_argument(
-        "--speculative-step",
-        type=speculative_step,
-        default=os.environ.get(SPECULATIVE_STEP_ENV, "on"),
-        help="action protocol: compute the next batch's gradient while the scheduler's answer "
-        "is on its way, step on it only if the answer is execute-batch (default on; off "
-        f"awaits each answer; also ${SPECULATIVE_STEP_ENV})",
-    )
-    parser.add_argument(
-        "--model-dir",
-        type=model_dir,
-        default=os.environ.get("HYPHA_MODEL_DIR") or None,
-        help="action protocol: where the final model is written in Hugging Face layout at "
-        "terminate, whether or not it was pushed (default: nowhere; also $HYPHA_MODEL_DIR)",
-    )
+    settings.add_flags(parser)
     arguments = parser.parse_args(argv)
-    # Remote code in a model repository runs only when the operator opts in.
-    arguments.trust_remote_code = os.environ.get("HYPHA_TRUST_REMOTE_CODE", "") in TRUTHY
     if arguments.job is None:
         raise UsageError("the job is missing: give --job, or set JOB_JSON")
     return arguments
@@ -439,10 +368,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         if isinstance(job, ActionJob):
             ActionTrainer(
-                job, *settings, arguments.speculative_step, model_dir=arguments.model_dir
+                job,
+                *settings,
+                arguments.speculative_step,
+                model_dir=arguments.model_dir,
+                compile=arguments.compile,
             ).run()
         else:
-            Trainer(job, *settings).run()
+            Trainer(job, *settings, compile=arguments.compile).run()
         return EXIT_OK
 
     return run_main(PROG, body, _unexpected)

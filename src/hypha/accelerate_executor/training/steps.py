@@ -15,6 +15,7 @@ synchronises gradients, so that no rank is left waiting in a collective for one 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -24,7 +25,8 @@ from accelerate.optimizer import AcceleratedOptimizer
 from accelerate.utils import DistributedType
 from accelerate.utils.memory import clear_device_cache, should_reduce_batch_size
 
-from hypha.accelerate_executor.errors import NoLossError, OutOfMemory
+from hypha.accelerate_executor.errors import HyphaError, NoLossError, OutOfMemory
+from hypha.accelerate_executor.training.compiling import Compiled, is_compile_failure
 from hypha.accelerate_executor.training.data import Batch
 from hypha.accelerate_executor.training.distributed import Ranks
 
@@ -91,6 +93,7 @@ class MicroBatchedStep:
         input_names: Sequence[str],
         micro_batch_size: int | None = None,
         say: Callable[[str], None] = print,
+        compiled: Compiled | None = None,
     ) -> None:
         self.accelerator = accelerator
         self.model = model
@@ -101,6 +104,11 @@ class MicroBatchedStep:
         self.input_names = list(input_names)
         self.micro_batch_size = micro_batch_size or batch_size
         self.say = say
+        self.compiled = compiled or Compiled()
+        # Until a compiled step has run, any failure in it may be the compiler's (it compiles
+        # lazily, in the first forward and backward): the step falls back to eager and retries.
+        self.compile_proven = False
+        self.compile_seconds: float | None = None  # the first compiled step's wall time
 
     def __call__(self, batch: Batch) -> torch.Tensor:
         """Trains one step on `batch` (this rank's share); returns this rank's part of the
@@ -115,8 +123,24 @@ class MicroBatchedStep:
         returns. A step is exactly `gradients` then `apply`."""
         samples = next(iter(batch.values())).shape[0]
         while True:
-            loss = self._attempt(batch)
+            started = time.perf_counter()
+            try:
+                loss = self._attempt(batch)
+            except Exception as exc:
+                if (
+                    not self.compiled.active
+                    or isinstance(exc, HyphaError)  # the model's or the job's, compiled or not
+                    or (self.compile_proven and not is_compile_failure(exc))
+                ):
+                    raise
+                self.compiled.fall_back(exc, self.say)
+                self.drop()
+                continue
             if loss is not None:
+                if self.compiled.active and not self.compile_proven:
+                    self.compile_proven = True
+                    self.compile_seconds = time.perf_counter() - started
+                    self.say(f"compiled step: the first took {self.compile_seconds:.1f} s")
                 return loss
             self.drop()
             clear_device_cache(garbage_collection=True)

@@ -58,11 +58,14 @@ class Workbench:
         work_dir: Path,
         micro_batch_size: int | None = None,
         trust_remote_code: bool = False,
+        compile: str = "off",
     ) -> None:
-        """`make_bridge` is called on rank 0 only: the one rank that talks to the bridge."""
+        """`make_bridge` is called on rank 0 only: the one rank that talks to the bridge.
+        `compile` is HYPHA_COMPILE's choice (compiling.py)."""
         # Heavy imports here, once the job spec is known to be good.
         from accelerate import Accelerator
 
+        from hypha.accelerate_executor.training.compiling import compile_model
         from hypha.accelerate_executor.training.data import SliceStream
         from hypha.accelerate_executor.training.distributed import (
             ModelWeights,
@@ -117,8 +120,13 @@ class Workbench:
             # accelerate takes DeepSpeed's micro batch from a dataloader, and there is none.
             share = micro_batch_size or self.data.share.size
             deepspeed.deepspeed_config["train_micro_batch_size_per_gpu"] = share
+        # In place, before accelerate wraps it (DDP, FSDP2), as torchtitan orders the two.
+        compiled = compile_model(
+            model, compile, self.accelerator.device, self.accelerator.distributed_type.value
+        )
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.model.train()
+        self.say(f"step: {compiled.what}")
         self.step = MicroBatchedStep(
             self.accelerator,
             self.model,
@@ -128,6 +136,7 @@ class Workbench:
             config.model.input_names,
             micro_batch_size,
             self.say,
+            compiled,
         )
         self.weights = ModelWeights(self.accelerator, self.model, names)
 

@@ -3,7 +3,7 @@ with this executor, and how fast?
 
     hypha-accelerate selftest [--model auto|tiny|small|gpt2-124m] [--mixed-precision auto|no|bf16]
         [--accelerate-config auto|NAME|PATH] [--num-processes N] [--rounds N]
-        [--skip bare,oom,allreduce] [--peak-tflops X] [--json PATH]
+        [--compile auto|on|off] [--skip bare,oom,allreduce] [--peak-tflops X] [--json PATH]
 
 One job from the local stand-in trains through the path a Hypha worker takes (the launcher,
 the accelerate ranks, the bridge client over a real Unix socket) on every visible
@@ -88,6 +88,13 @@ def parser() -> argparse.ArgumentParser:
         metavar="MS",
         help="hold back each of the stand-in scheduler's answers this long, as a remote "
         "scheduler's network hop would (the stand-in answers at once; default 0)",
+    )
+    p.add_argument(
+        "--compile",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="the executor's HYPHA_COMPILE: torch.compile its step (default auto, as a job: "
+        "on a CUDA GPU with Triton and a C compiler); the bare loop stays eager",
     )
     p.add_argument("--rounds", type=int, default=3, help="DiLoCo rounds, the first is warm-up")
     p.add_argument("--steps-per-round", type=int, metavar="N", help="default: the model's")
@@ -215,7 +222,7 @@ def selftest(args: argparse.Namespace) -> int:
     total, multiplied = parameter_counts(size)
     report = Report(
         __version__, host, size, total, multiplied, precision, config_name, processes,
-        args.bridge_generation, args.speculative_step, args.answer_delay_ms,
+        args.bridge_generation, args.speculative_step, args.answer_delay_ms, args.compile,
     )  # fmt: skip
     say(f"{host.backend}, {len(host.devices)} device(s); {size.name}, {precision}, {config_name}")
     # The executor's lines (through the local worker) belong with the progress, not the table.
@@ -241,7 +248,7 @@ def selftest(args: argparse.Namespace) -> int:
         with part(report, "executor"):
             report.executor = runs.run_executor(
                 core, spec, config_path, processes, folder, args.timeout,
-                args.speculative_step, args.answer_delay_ms / 1e3,
+                args.speculative_step, args.answer_delay_ms / 1e3, args.compile,
             )  # fmt: skip
         bare()
         auto = args.accelerate_config == "auto"

@@ -30,6 +30,7 @@ class Report:
     generation: str = "alpha17"  # the bridge generation the stand-in played
     speculative_step: str = "on"  # the action loop's --speculative-step
     answer_delay_ms: float = 0.0  # each scheduler answer held back this long
+    compile: str = "auto"  # the executor's HYPHA_COMPILE
     executor: ExecutorRun | None = None
     bare: list[BareRun] = field(default_factory=list)  # before and after the executor
     oom: OomCheck | None = None
@@ -133,6 +134,14 @@ def render(report: Report, verdict: Verdict) -> str:
     late = f", answers {report.answer_delay_ms:g} ms late" if report.answer_delay_ms else ""
     rows.append(("bridge", f"{protocol}, against the local stand-in{late}"))
     run = report.executor
+    if run is not None:
+        extra = run.first_round_extra_s(report.size.batch_size)
+        rows.append((
+            "compile",
+            f"HYPHA_COMPILE={report.compile}; the bare loop is eager"
+            + ("" if extra is None else f"; the first round's steps took {extra:.1f} s longer "
+               "than a later round's (compiling, warm-up; the executor's log says which)"),
+        ))  # fmt: skip
     if run is not None:
         losses = run.losses
         loss = f"loss {losses[0]:.3f} -> {losses[-1]:.3f}" if losses else "no loss reported"
@@ -240,6 +249,15 @@ def as_json(report: Report, verdict: Verdict) -> dict[str, Any]:
         "executor_mfu": report.mfu(report.executor.samples_per_s if report.executor else None),
         "bare_mfu": report.mfu(report.bare_samples_per_s),
         "flops_per_token": report.size.flops_per_token(report.multiplied_parameters),
+        "executor_tokens_per_s": report.tokens_per_s(
+            report.executor.samples_per_s if report.executor else None
+        ),
+        "executor_peak_memory_bytes": report.executor.peak_memory_bytes
+        if report.executor
+        else None,
+        "first_round_extra_s": report.executor.first_round_extra_s(report.size.batch_size)
+        if report.executor
+        else None,
     }
     data["verdict"] = {"passed": verdict.passed, "line": verdict.line()}
     return data

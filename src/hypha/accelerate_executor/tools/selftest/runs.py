@@ -56,6 +56,17 @@ class ExecutorRun:
     def losses(self) -> list[float]:
         return [m["loss"] for _, m in sorted(self.rounds.items()) if "loss" in m]
 
+    def first_round_extra_s(self, batch_size: int) -> float | None:
+        """How much longer the first round's training took than a later round's (the
+        median), from each round's batches and samples/s: compiling, where the step is
+        compiled, and the first kernels' warm-up."""
+        seconds = [
+            m["batches"] * batch_size / m["samples_per_second"]
+            for _, m in sorted(self.rounds.items())
+            if m.get("batches") and m.get("samples_per_second")
+        ]
+        return seconds[0] - statistics.median(seconds[1:]) if len(seconds) > 1 else None
+
     @property
     def peak_memory_bytes(self) -> float | None:
         peaks = [
@@ -115,6 +126,7 @@ def run_executor(
     timeout_s: float,
     speculative_step: str = "on",
     answer_delay_s: float = 0.0,
+    compile: str = "auto",
 ) -> ExecutorRun:
     """Runs the job through the path a Hypha worker takes: the launcher (config, ranks), the
     training ranks, the bridge client, and across a real Unix socket the stand-in's bridge,
@@ -122,7 +134,7 @@ def run_executor(
     status comes `answer_delay_s` late."""
     launch = ("--accelerate-config", str(config_path), "--num-processes", str(processes))
     entry = ExecutorEntry(sys.executable, ("-m", LAUNCHER, *launch, *EXECUTOR_ARGS))
-    env = {"HYPHA_SPECULATIVE_STEP": speculative_step}
+    env = {"HYPHA_SPECULATIVE_STEP": speculative_step, "HYPHA_COMPILE": compile}
     worker = LocalWorker(WORKER, entry, work_base, env=env)
     ended: list[int] = []
 
