@@ -296,10 +296,16 @@ def test_sigterm_in_a_long_idle_ends_cleanly_within_5_s(assets_dir: Path, short_
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("broadcast_over", ["delivered", "applied"])
 def test_two_workers_train_over_the_action_protocol_and_the_loss_falls(
-    assets_dir: Path, tmp_path: Path, short_tmp: Path
+    assets_dir: Path, tmp_path: Path, short_tmp: Path, broadcast_over: Any
 ) -> None:
-    options = RunOptions(workers=2, rounds=3, steps_per_round=20, generation="actions")
+    """In upstream's order (the round moves on once the push is on every bridge, so the
+    workers are told `execute-batch`, not `apply-update`) and in the older one."""
+    options = RunOptions(
+        workers=2, rounds=3, steps_per_round=20, generation="actions",
+        broadcast_over=broadcast_over,
+    )  # fmt: skip
     # Strict bridges: each update is received because the executor opened its receive
     # before `sent-update`, not because the stand-in kept a push nobody received.
     code = run_demo(
@@ -311,6 +317,9 @@ def test_two_workers_train_over_the_action_protocol_and_the_loss_falls(
     assert [w["exit_code"] for w in summary["workers"].values()] == [0, 0]
     assert len(summary["rounds"]) == 3
     assert summary["final_mean_loss"] < 0.6 * summary["first_mean_loss"]
+    # Every aggregate applied in its round: each worker's k-th update is sent from round k.
+    for worker in summary["workers"].values():
+        assert sorted(worker["metrics"]) == ["0", "1", "2"], worker["metrics"]
 
 
 @pytest.mark.slow
@@ -350,3 +359,55 @@ def test_an_aggregate_pushed_before_apply_update_reaches_a_strict_bridge(
         _, err = process.communicate(timeout=300)
     assert process.returncode == 0, err
     assert statuses_seen == ["joined", "batch-completed", "sent-update", "applied-update"], err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pushed", ["before execute-batch", "after execute-batch"])
+def test_an_aggregate_pushed_without_apply_update_is_applied_in_its_round(
+    assets_dir: Path, short_tmp: Path, pushed: str
+) -> None:
+    """Upstream's order: the parameter server reports `broadcasted-update` once the push is
+    on our bridge, and its scheduler then answers our `idle` with `execute-batch`, never
+    `apply-update`. The held aggregate is applied before that batch (round 1 is counted in
+    the next `sent-update`); the next round's aggregate, in the older order (`apply-update`),
+    is applied too, not the previous one's file."""
+    source = peers([PS], "All")
+    sends = 0
+
+    def push_later() -> None:
+        time.sleep(0.5)  # the batch's answer is on its way first
+        backend.push(zero_update(assets_dir))
+
+    def script(details: dict[str, Any]) -> Action:
+        nonlocal sends
+        match details["state"]:
+            case "joined":
+                return ExecuteBatch(2)
+            case "batch-completed":
+                return SendUpdate(peers([PS], "One"), 1.0)
+            case "sent-update" if sends == 0:
+                sends = 1
+                if pushed == "before execute-batch":
+                    seq = backend.push(zero_update(assets_dir))
+                    until(lambda: backend.handed >= seq)
+                else:
+                    threading.Thread(target=push_later, daemon=True).start()
+                return ExecuteBatch(1)
+            case "sent-update":
+                sends = 2
+                backend.push(zero_update(assets_dir))
+                return ApplyUpdate(source, later(30))
+        return Terminate()
+
+    with action_bridge(assets_dir, short_tmp / "work", script) as (job_json, bridge, backend):
+        process = run_executor(job_json, bridge)
+        out, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err
+    states = [d["state"] for d in backend.statuses]
+    assert states == [
+        "joined", "batch-completed", "sent-update", "batch-completed", "sent-update",
+        "applied-update",
+    ], err  # fmt: skip
+    # The second update is round 2's: round 1's aggregate was applied before its batch.
+    assert [d["round"] for d in backend.statuses if d["state"] == "sent-update"] == [0, 1]
+    assert "terminated by the scheduler after 2 round(s)" in out, out

@@ -89,6 +89,11 @@ RECEIVE_DIR = "incoming"
 # slowest peer has sent too, which can be a whole window of training after us. An open
 # receive costs nothing while it waits; when it ends empty, `apply-update` opens its own.
 EARLY_RECEIVE_S = 3600.0
+# An action that trains after our send, with no `apply-update` between, means the round has
+# moved on: the aggregate is on our bridge, or on its way to the early receive. How long it
+# may take to come out of the receive before the action goes on without it (a push the
+# bridge dropped); a later one is still applied at the next action that uses the model.
+HELD_AGGREGATE_WAIT_S = 10.0
 # Statuses after which the scheduler usually answers `execute-batch`: the next batch's
 # gradient is computed while they are on their way. Each is the status of an action every
 # rank reports alike, so every rank decides the same.
@@ -146,6 +151,10 @@ class ActionTrainer(Workbench):
         self.models_sent = 0
         self.window = _Window()
         self.early: EarlyReceive | None = None  # rank 0's receive opened with a send
+        # On every rank: an update was sent and its round's aggregate is not applied yet;
+        # late: it did not come within the wait, so each action looks for it once more.
+        self.aggregate_due = False
+        self.aggregate_late = False
         self.said_lr_multiplier = False
         self.ahead: SpeculativeStep | None = None
         self.speculation_note = "speculative step off, as asked: each action is awaited"
@@ -196,6 +205,10 @@ class ActionTrainer(Workbench):
 
     def perform(self, action: Action | None) -> Status | None:
         """Does `action` on every rank; rank 0's status of it, or None at `terminate`."""
+        if isinstance(action, SendUpdate | SendModel) or (
+            isinstance(action, ExecuteBatch) and action.batches > 0
+        ):
+            self.apply_held_aggregate()
         match action:
             case ExecuteBatch(batches=batches, lr_multiplier=multiplier):
                 return self.execute_batches(batches, multiplier)
@@ -252,6 +265,7 @@ class ActionTrainer(Workbench):
         local = self.weights.gather()  # a collective
         loss = self._window_loss()  # a collective too
         window = self._close_window()
+        self.aggregate_due, self.aggregate_late = True, False
         if self.client is None:
             return IDLE  # only rank 0's status is sent
         relative = f"pseudo-gradients/update-{self.updates_sent}.safetensors"
@@ -297,10 +311,62 @@ class ActionTrainer(Workbench):
         problem = self.ranks.share(problem)
         if problem is not None:
             return problem
+        self._applied()
+        return APPLIED_UPDATE
+
+    def apply_held_aggregate(self) -> None:
+        """Before an action that trains or uses the model: the aggregate that came without
+        an `apply-update` (upstream's order), merged and loaded as `apply-update` does.
+        Waits for it only while one is due since our send; one that came later than that
+        wait is applied whenever it is found."""
+        if not (self.aggregate_due or self.aggregate_late):
+            return  # the common case, with no collective
+        applied = False
+        if self.client is not None:
+            applied = self._merge_held()
+        applied = self.ranks.share(applied)
+        if applied:
+            self._applied()
+        elif self.aggregate_due:
+            # Waited once; looked for again at each action until the next send or apply.
+            self.aggregate_due, self.aggregate_late = False, True
+
+    def _merge_held(self) -> bool:
+        """Rank 0: whether the early receive held an aggregate that is now merged."""
+        early = self.early
+        if early is None:
+            return False
+        wait_s = HELD_AGGREGATE_WAIT_S if self.aggregate_due else 0.0
+        if not early.wait(time.time() + wait_s):
+            if self.aggregate_due:
+                self.say(
+                    f"round {self.round + 1}'s aggregate did not come within {wait_s:g} s of "
+                    "the next action; training on, it is applied once it comes"
+                )
+            return False
+        self.early = None
+        try:
+            received = early.outcome()
+        except BridgeError as exc:
+            self.say(f"round {self.round + 1}'s aggregate was not received: {exc}")
+            return False
+        if received is None:
+            return False
+        try:
+            self.global_weights.merge_update(received.path)
+        except ExecutorError as exc:
+            self.say(f"round {self.round + 1}'s aggregate could not be applied: {exc}")
+            return False
+        finally:
+            received.path.unlink(missing_ok=True)
+        return True
+
+    def _applied(self) -> None:
+        """Every rank, once rank 0 merged a round's aggregate into theta_global."""
         self._load_global()
         self.round += 1
+        self.aggregate_due = self.aggregate_late = False
         self._close_window()  # what was trained before it is gone from the model
-        return APPLIED_UPDATE
 
     def receive_model(self, source: ActionPeersReference, deadline: float) -> Status:
         """A late joiner's start: a peer's theta_global as the whole state."""

@@ -83,7 +83,8 @@ class CoordinatorCore:
                 options.target_samples, options.rounds, self.parameter_server_peer, clock
             )
         # The peers the update being broadcast has yet to reach (action era): the broadcast
-        # is over, and the next round starts, once each has reported `applied-update`.
+        # is over, and the next round starts, once each bridge has taken the push
+        # (upstream's order) or each has reported `applied-update` (options.broadcast_over).
         self._broadcast_to: set[str] = set()
         self._cond = threading.Condition()
         self.aggregation = Aggregation(
@@ -95,6 +96,7 @@ class CoordinatorCore:
             senders=self._senders,
             closed=self._round_closed,
             failed=self.cancel,
+            reported=self._reported_sent,
         )
         self._printed_rounds: set[int] = set()
 
@@ -278,7 +280,8 @@ class CoordinatorCore:
                 case ErrorStatus(type=kind, message=text):
                     warn(self.name, f"{record.name} reports {kind}: {text}")
             if status.state == "applied-update":
-                self._reached(record.peer_id)
+                if self.options.broadcast_ends_when == "applied":
+                    self._reached(record.peer_id)
                 record.round.received_at = time.time()
                 record.rounds.append(RoundRecord(record.round.index + 1))
             action = self.actions.answer(record.peer_id, status)
@@ -351,6 +354,12 @@ class CoordinatorCore:
         pool = set(self.actions.senders())
         return [job for job in running if self.workers[job].peer_id in pool]
 
+    def _reported_sent(self, jobs: list[str]) -> bool:
+        """Under the lock: whether each job's `sent-update` has reached the scheduler."""
+        if self.actions is None:
+            return True
+        return all(self.workers[job].peer_id in self.actions.sent for job in jobs)
+
     def _round_closed(self, aggregation: dict[str, Any]) -> None:
         """Under the lock: the update is out, so the scheduler starts the next round."""
         aggregation["workers"] = sorted(self.workers[job].name for job in aggregation["jobs"])
@@ -367,9 +376,21 @@ class CoordinatorCore:
             warn(self.name, f"round {aggregation['round']}: left out {skipped}")
 
     def next_push(self, job_id: str, after: int, wait_s: float) -> Push | None:
+        """The job's bridge takes its next push. The parameter server's, in upstream's
+        order, ends the broadcast once every target's bridge has it: upstream's send
+        returns once its streams are delivered, and `broadcasted-update` follows at once
+        (the parameter server executor, index id 66485112720: its broadcast returning Ok
+        is reported `broadcasted-update`), whether or not a receive was open for it."""
         with self._cond:
-            self._record(job_id)
-            return self.aggregation.next_push(job_id, after, wait_s)
+            record = self._record(job_id)
+            push = self.aggregation.next_push(job_id, after, wait_s)
+            if (
+                push is not None
+                and push.from_peer == self.parameter_server_peer
+                and self.options.broadcast_ends_when == "delivered"
+            ):
+                self._reached(record.peer_id)
+            return push
 
     def report_exit(
         self,
