@@ -2,7 +2,8 @@
 action the scheduler answers with, report what came of it, until `terminate`.
 
     joined -> idle | wait-for-model
-    execute-batch{n}      train n batches (n may be 0)          -> batch-completed{batch_size, n}
+    execute-batch{n}      train n batches (n > 0)               -> batch-completed{batch_size, n}
+    execute-batch{0}      wait the minimum loop time            -> idle
     send-update{t, w}     send w x (theta_local - theta_global) -> sent-update{round, metrics}
     apply-update{s, d}    theta_global += u, load it            -> applied-update
     idle{d}               wait until d                          -> idle
@@ -112,6 +113,16 @@ class _Window:
     batches: int = 0
     seconds: float = 0.0  # the loop clock's TRAINING part, filled in when the window closes
     loss_sum: torch.Tensor | None = None
+
+
+def status_after_batches(batch_size: int, batches: int) -> Status:
+    """What `execute-batch{batches}` is answered with. `execute-batch{0}` is answered `idle`:
+    a `batch-completed{0}` moves the worker's clock in upstream's statistics (statistics.rs,
+    index id 66460343894, through rl_scheduler.rs, id 66469012466), so with one batch left
+    each worker, asking in turn, is projected 0 again, for ever. `idle` leaves the clock,
+    and the simulation, time-invariant then, gives the worker with the earliest projected
+    batch at least one. Nothing was trained, so nothing is counted."""
+    return batch_completed(batch_size, batches) if batches else IDLE
 
 
 class ActionTrainer(Workbench):
@@ -248,6 +259,7 @@ class ActionTrainer(Workbench):
             )
         if batches == 0:
             self.wait_until(0.0)
+            return status_after_batches(self.job.config.batch_size, 0)
         for _ in range(batches):
             loss = self.ahead.stepped() if self.ahead is not None else None
             if loss is None:
@@ -257,7 +269,7 @@ class ActionTrainer(Workbench):
                 self.window.loss_sum = torch.zeros((), device=self.accelerator.device)
             self.window.loss_sum += loss
             self.window.batches += 1
-        return batch_completed(self.job.config.batch_size, batches)
+        return status_after_batches(self.job.config.batch_size, batches)
 
     def send_update(self, target: ActionPeersReference, weight: float) -> Status:
         """weight x (theta_local - theta_global) to the target; the model trains on as it is
