@@ -271,6 +271,9 @@ def test_batches_zero_a_straggler_a_past_deadline_and_terminate(
     assert sent["metrics"]["batches"] == 0
     ((peer, data),) = backend.sent
     assert peer == PS and set(load(data)) == set(load(zero_update(assets_dir)))
+    # Unset, the action protocol's pseudo-gradients are bfloat16, as upstream's executor's.
+    floats = [t for t in load(data).values() if t.is_floating_point()]
+    assert floats and all(t.dtype == torch.bfloat16 for t in floats)
 
 
 @pytest.mark.slow
