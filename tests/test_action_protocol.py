@@ -415,3 +415,39 @@ def test_an_aggregate_pushed_without_apply_update_is_applied_in_its_round(
     # The second update is round 2's: round 1's aggregate was applied before its batch.
     assert [d["round"] for d in backend.statuses if d["state"] == "sent-update"] == [0, 1]
     assert "terminated by the scheduler after 2 round(s)" in out, out
+
+
+@pytest.mark.slow
+def test_an_update_lacking_tensors_is_said_every_round(assets_dir: Path, short_tmp: Path) -> None:
+    """A parameter server leaves out the tensors its peers sent in another dtype: an
+    aggregate with some of the model's tensors, or none, is applied, and said each round."""
+    full = load(zero_update(assets_dir))
+    kept = dict(list(full.items())[: len(full) // 2])
+    updates = iter([save(kept), save({})])
+    source = peers([PS], "All")
+    applied = 0
+
+    def script(details: dict[str, Any]) -> Action:
+        nonlocal applied
+        applied += details["state"] == "applied-update"
+        match details["state"]:
+            case "joined" | "applied-update" if applied < 2:
+                return ExecuteBatch(1)
+            case "batch-completed":
+                return SendUpdate(peers([PS], "One"), 1.0)
+            case "sent-update":
+                push_once_receiving(bridge, backend, next(updates))
+                return ApplyUpdate(source, later(30))
+        return Terminate()
+
+    with action_bridge(assets_dir, short_tmp / "work", script) as (job_json, bridge, backend):
+        process = run_executor(job_json, bridge)
+        _, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err
+    warnings = [line for line in err.splitlines() if "update held" in line]
+    assert warnings == [
+        f"warning: round 1's update held {len(kept)} of {len(full)} tensors; the others did "
+        "not move (does every peer send the same dtype? HYPHA_PSEUDO_GRADIENT_DTYPE)",
+        f"warning: round 2's update held 0 of {len(full)} tensors; the others did not move "
+        "(does every peer send the same dtype? HYPHA_PSEUDO_GRADIENT_DTYPE)",
+    ], err

@@ -38,6 +38,7 @@ way, and stepped on when the answer is `execute-batch`, dropped when not.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -317,9 +318,7 @@ class ActionTrainer(Workbench):
         straggler): the local drift of the round is dropped with it."""
         problem = None
         if self.client is not None:
-            problem = self._receive_into(
-                source, deadline, self.global_weights.merge_update, early=True
-            )
+            problem = self._receive_into(source, deadline, self._merge, early=True)
         problem = self.ranks.share(problem)
         if problem is not None:
             return problem
@@ -365,13 +364,35 @@ class ActionTrainer(Workbench):
         if received is None:
             return False
         try:
-            self.global_weights.merge_update(received.path)
+            self._merge(received.path)
         except ExecutorError as exc:
             self.say(f"round {self.round + 1}'s aggregate could not be applied: {exc}")
             return False
         finally:
             received.path.unlink(missing_ok=True)
         return True
+
+    def _merge(self, path: Path) -> int:
+        """Rank 0: theta_global += the update at `path`. An update that lacks tensors the
+        model has (a peer that sent another dtype: upstream's parameter server adds only
+        tensors of one name, shape and dtype, and leaves the others out) moves only part of
+        the model, or none of it: said on stderr and as telemetry, every round it happens."""
+        held = self.global_weights.merge_update(path)
+        expected = len(self.global_weights.tensors)
+        if held < expected:
+            round_number = self.round + 1
+            print(
+                f"warning: round {round_number}'s update held {held} of {expected} tensors; "
+                "the others did not move (does every peer send the same dtype? "
+                "HYPHA_PSEUDO_GRADIENT_DTYPE)",
+                file=sys.stderr,
+                flush=True,
+            )
+            telemetry.round_ended(
+                {"round": float(round_number), "update_tensors_held": float(held),
+                 "update_tensors_expected": float(expected)}
+            )  # fmt: skip
+        return held
 
     def _applied(self) -> None:
         """Every rank, once rank 0 merged a round's aggregate into theta_global."""
