@@ -35,6 +35,7 @@ from hypha.accelerate_executor.bridge.actions import (
     action_response,
     batch_completed,
     parse_action_response,
+    sent_update,
 )
 from hypha.accelerate_executor.bridge.bodies import wire
 from hypha.accelerate_executor.errors import BridgeError
@@ -321,9 +322,26 @@ def test_two_workers_train_over_the_action_protocol_and_the_loss_falls(
     assert [w["exit_code"] for w in summary["workers"].values()] == [0, 0]
     assert len(summary["rounds"]) == 3
     assert summary["final_mean_loss"] < 0.6 * summary["first_mean_loss"]
-    # Every aggregate applied in its round: each worker's k-th update is sent from round k.
-    for worker in summary["workers"].values():
+    # Every aggregate applied in its round: each worker's k-th update is sent from round k,
+    # from the same global model as the other's (its digest).
+    workers = list(summary["workers"].values())
+    for worker in workers:
         assert sorted(worker["metrics"]) == ["0", "1", "2"], worker["metrics"]
+    digests = [[w["metrics"][r]["global_digest"] for w in workers] for r in ("0", "1", "2")]
+    assert all(len(set(per_round)) == 1 for per_round in digests), digests
+    assert len({per_round[0] for per_round in digests}) == 3  # and it moved each round
+
+
+def test_the_coordinator_names_a_worker_whose_global_model_differs(assets_dir: Path) -> None:
+    options = RunOptions(workers=2, rounds=2, generation="actions")
+    coordinator = Coordinator(Catalog.from_assets(ensure_assets(assets_dir)), options)
+    jobs = [json.loads(json.dumps(coordinator.assign_job(name)))["job_id"] for name in ("w1", "w2")]
+    for job_id, digest in zip(jobs, (0xABCDEF, 0x123456), strict=True):
+        status = sent_update(0, {"batches": 1.0, "weight": 0.5, "global_digest": float(digest)})
+        coordinator.action(job_id, action_request(job_id, status))
+    assert coordinator.summary()["workers"]["w2"]["violations"] == [
+        "its global model in round 0 (digest 123456) differs from w1's (abcdef)"
+    ]
 
 
 @pytest.mark.slow

@@ -294,7 +294,12 @@ class ActionTrainer(Workbench):
             self.client.send_file(target, relative, remove_file=True)
         except BridgeError as exc:
             return error_status("connection", f"sending the update failed: {exc}")
-        metrics = {"batches": float(window.batches), "weight": weight}
+        # theta_global's digest: the same on every worker in a round (the stand-in checks).
+        metrics = {
+            "batches": float(window.batches),
+            "weight": weight,
+            "global_digest": float(self.global_weights.digest()),
+        }
         if window.batches:
             samples = window.batches * self.job.config.batch_size
             metrics["samples_per_second"] = samples / max(window.seconds, 1e-9)

@@ -276,6 +276,7 @@ class CoordinatorCore:
                     # joiner's own count starts at its first round.
                     metrics = {key: float(value) for key, value in sent.items()}
                     record.metrics[self.actions.round] = metrics
+                    self._compare_digest(record, self.actions.round)
                     self._print_rounds()
                 case ErrorStatus(type=kind, message=text):
                     warn(self.name, f"{record.name} reports {kind}: {text}")
@@ -292,6 +293,23 @@ class CoordinatorCore:
     def _violation(self, record: WorkerRecord, what: str) -> None:
         record.violations.append(what)
         warn(self.name, f"{record.name} broke the protocol: {what}")
+
+    def _compare_digest(self, record: WorkerRecord, round_index: int) -> None:
+        """Each worker's global model in a round, as its `sent-update`'s `global_digest`
+        states it, is the one every other worker holds: each applied every aggregate, once,
+        in its round. A difference is a protocol violation the verdict names."""
+        mine = record.metrics[round_index].get("global_digest")
+        if mine is None:
+            return  # an executor that does not state it
+        for other in self.workers.values():
+            theirs = other.metrics.get(round_index, {}).get("global_digest")
+            if other is not record and theirs is not None and theirs != mine:
+                self._violation(
+                    record,
+                    f"its global model in round {round_index} (digest {int(mine):06x}) "
+                    f"differs from {other.name}'s ({int(theirs):06x})",
+                )
+                return
 
     def _reached(self, peer: str) -> None:
         """The broadcast reached `peer` (or it left): the last one ends the broadcast, before
