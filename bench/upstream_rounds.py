@@ -16,7 +16,7 @@ states it), applied updates per worker (its executor's own round in its last `se
 plus a final `applied-update`), broadcasts missed (a `sent-update` whose executor round is
 behind the scheduler's), `execute-batch{0}` answers, samples the scheduler counted
 (`batch-completed`) against those the executor trained (`sent-update`'s batches), and real
-samples/s (trained samples over the run's wall time). The ratio is each run's samples/s over
+samples/s (trained samples from the first `joined` to the last round's last `sent-update`). The ratio is each run's samples/s over
 the speculative-off run of the same delay and speeds, measured in the same invocation.
 """
 
@@ -55,6 +55,7 @@ class Tally:
     trained: int = 0  # samples in sent-update's batches
     sends: list[tuple[float, int, int]] = field(default_factory=list)  # (t, scheduler, own)
     applied_after_last_send: bool = False
+    first_at: float | None = None  # its executor's `joined`: start-up left out
 
 
 class Noted:
@@ -70,6 +71,8 @@ class Noted:
     def action(self, request: dict[str, Any]) -> dict[str, Any]:
         details = request["status"]["details"]
         state, tally = details["state"], self._tally
+        if tally.first_at is None:
+            tally.first_at = time.monotonic()
         if state == "batch-completed":
             tally.counted += details["batch_size"] * details["batches"]
         elif state == "sent-update":
@@ -116,10 +119,11 @@ def one_run(
         for thread in running:
             thread.join(900)
         rounds = coordinator.actions.round if coordinator.actions else 0
-    wall = time.monotonic() - started
     sends = sorted(t for tally in tallies.values() for t in tally.sends)
     ends = [max(t for t, r, _ in sends if r == index) for index in range(rounds) if sends]
-    durations = [b - a for a, b in zip([0.0, *ends], ends, strict=False)]
+    begun = min((t.first_at for t in tallies.values() if t.first_at), default=started)
+    durations = [b - a for a, b in zip([begun, *ends], ends, strict=False)]
+    wall = (ends[-1] if ends else time.monotonic()) - begun
     trained = sum(t.trained for t in tallies.values())
     return {
         "codes": codes,
