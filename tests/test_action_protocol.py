@@ -330,6 +330,7 @@ def test_two_workers_train_over_the_action_protocol_and_the_loss_falls(
     digests = [[w["metrics"][r]["global_digest"] for w in workers] for r in ("0", "1", "2")]
     assert all(len(set(per_round)) == 1 for per_round in digests), digests
     assert len({per_round[0] for per_round in digests}) == 3  # and it moved each round
+    assert summary["digest_mismatches"] == []
 
 
 def test_the_coordinator_names_a_worker_whose_global_model_differs(assets_dir: Path) -> None:
@@ -339,8 +340,8 @@ def test_the_coordinator_names_a_worker_whose_global_model_differs(assets_dir: P
     for job_id, digest in zip(jobs, (0xABCDEF, 0x123456), strict=True):
         status = sent_update(0, {"batches": 1.0, "weight": 0.5, "global_digest": float(digest)})
         coordinator.action(job_id, action_request(job_id, status))
-    assert coordinator.summary()["workers"]["w2"]["violations"] == [
-        "its global model in round 0 (digest 123456) differs from w1's (abcdef)"
+    assert coordinator.summary()["digest_mismatches"] == [
+        "w2's global model in round 0 (digest 123456) differs from w1's (abcdef)"
     ]
 
 
