@@ -35,6 +35,7 @@ from hypha.accelerate_executor.bridge.actions import (
     action_response,
     batch_completed,
     parse_action_response,
+    sent_update,
 )
 from hypha.accelerate_executor.bridge.bodies import wire
 from hypha.accelerate_executor.errors import BridgeError
@@ -260,9 +261,10 @@ def test_batches_zero_a_straggler_a_past_deadline_and_terminate(
     )
     states = [d["state"] for d in backend.statuses]
     assert states == [
-        "joined", "batch-completed", "batch-completed", "applied-update", "error", "sent-update",
+        "joined", "idle", "batch-completed", "applied-update", "error", "sent-update",
     ]  # fmt: skip
-    assert [d.get("batches") for d in backend.statuses[1:3]] == [0, 2]
+    # execute-batch{0} is answered idle: it trained nothing, and idle moves no clock.
+    assert backend.statuses[2]["batches"] == 2
     assert backend.statuses[4]["type"] == "connection"  # nothing received: deadline passed
     sent = backend.statuses[5]
     assert sent["round"] == 1 and sent["metrics"]["weight"] == 0.5
@@ -270,6 +272,9 @@ def test_batches_zero_a_straggler_a_past_deadline_and_terminate(
     assert sent["metrics"]["batches"] == 0
     ((peer, data),) = backend.sent
     assert peer == PS and set(load(data)) == set(load(zero_update(assets_dir)))
+    # Unset, the action protocol's pseudo-gradients are bfloat16, as upstream's executor's.
+    floats = [t for t in load(data).values() if t.is_floating_point()]
+    assert floats and all(t.dtype == torch.bfloat16 for t in floats)
 
 
 @pytest.mark.slow
@@ -296,10 +301,16 @@ def test_sigterm_in_a_long_idle_ends_cleanly_within_5_s(assets_dir: Path, short_
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("broadcast_over", ["delivered", "applied"])
 def test_two_workers_train_over_the_action_protocol_and_the_loss_falls(
-    assets_dir: Path, tmp_path: Path, short_tmp: Path
+    assets_dir: Path, tmp_path: Path, short_tmp: Path, broadcast_over: Any
 ) -> None:
-    options = RunOptions(workers=2, rounds=3, steps_per_round=20, generation="actions")
+    """In upstream's order (the round moves on once the push is on every bridge, so the
+    workers are told `execute-batch`, not `apply-update`) and in the older one."""
+    options = RunOptions(
+        workers=2, rounds=3, steps_per_round=20, generation="actions",
+        broadcast_over=broadcast_over,
+    )  # fmt: skip
     # Strict bridges: each update is received because the executor opened its receive
     # before `sent-update`, not because the stand-in kept a push nobody received.
     code = run_demo(
@@ -311,6 +322,27 @@ def test_two_workers_train_over_the_action_protocol_and_the_loss_falls(
     assert [w["exit_code"] for w in summary["workers"].values()] == [0, 0]
     assert len(summary["rounds"]) == 3
     assert summary["final_mean_loss"] < 0.6 * summary["first_mean_loss"]
+    # Every aggregate applied in its round: each worker's k-th update is sent from round k,
+    # from the same global model as the other's (its digest).
+    workers = list(summary["workers"].values())
+    for worker in workers:
+        assert sorted(worker["metrics"]) == ["0", "1", "2"], worker["metrics"]
+    digests = [[w["metrics"][r]["global_digest"] for w in workers] for r in ("0", "1", "2")]
+    assert all(len(set(per_round)) == 1 for per_round in digests), digests
+    assert len({per_round[0] for per_round in digests}) == 3  # and it moved each round
+    assert summary["digest_mismatches"] == []
+
+
+def test_the_coordinator_names_a_worker_whose_global_model_differs(assets_dir: Path) -> None:
+    options = RunOptions(workers=2, rounds=2, generation="actions")
+    coordinator = Coordinator(Catalog.from_assets(ensure_assets(assets_dir)), options)
+    jobs = [json.loads(json.dumps(coordinator.assign_job(name)))["job_id"] for name in ("w1", "w2")]
+    for job_id, digest in zip(jobs, (0xABCDEF, 0x123456), strict=True):
+        status = sent_update(0, {"batches": 1.0, "weight": 0.5, "global_digest": float(digest)})
+        coordinator.action(job_id, action_request(job_id, status))
+    assert coordinator.summary()["digest_mismatches"] == [
+        "w2's global model in round 0 (digest 123456) differs from w1's (abcdef)"
+    ]
 
 
 @pytest.mark.slow
@@ -350,3 +382,91 @@ def test_an_aggregate_pushed_before_apply_update_reaches_a_strict_bridge(
         _, err = process.communicate(timeout=300)
     assert process.returncode == 0, err
     assert statuses_seen == ["joined", "batch-completed", "sent-update", "applied-update"], err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pushed", ["before execute-batch", "after execute-batch"])
+def test_an_aggregate_pushed_without_apply_update_is_applied_in_its_round(
+    assets_dir: Path, short_tmp: Path, pushed: str
+) -> None:
+    """Upstream's order: the parameter server reports `broadcasted-update` once the push is
+    on our bridge, and its scheduler then answers our `idle` with `execute-batch`, never
+    `apply-update`. The held aggregate is applied before that batch (round 1 is counted in
+    the next `sent-update`); the next round's aggregate, in the older order (`apply-update`),
+    is applied too, not the previous one's file."""
+    source = peers([PS], "All")
+    sends = 0
+
+    def push_later() -> None:
+        time.sleep(0.5)  # the batch's answer is on its way first
+        backend.push(zero_update(assets_dir))
+
+    def script(details: dict[str, Any]) -> Action:
+        nonlocal sends
+        match details["state"]:
+            case "joined":
+                return ExecuteBatch(2)
+            case "batch-completed":
+                return SendUpdate(peers([PS], "One"), 1.0)
+            case "sent-update" if sends == 0:
+                sends = 1
+                if pushed == "before execute-batch":
+                    seq = backend.push(zero_update(assets_dir))
+                    until(lambda: backend.handed >= seq)
+                else:
+                    threading.Thread(target=push_later, daemon=True).start()
+                return ExecuteBatch(1)
+            case "sent-update":
+                sends = 2
+                backend.push(zero_update(assets_dir))
+                return ApplyUpdate(source, later(30))
+        return Terminate()
+
+    with action_bridge(assets_dir, short_tmp / "work", script) as (job_json, bridge, backend):
+        process = run_executor(job_json, bridge)
+        out, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err
+    states = [d["state"] for d in backend.statuses]
+    assert states == [
+        "joined", "batch-completed", "sent-update", "batch-completed", "sent-update",
+        "applied-update",
+    ], err  # fmt: skip
+    # The second update is round 2's: round 1's aggregate was applied before its batch.
+    assert [d["round"] for d in backend.statuses if d["state"] == "sent-update"] == [0, 1]
+    assert "terminated by the scheduler after 2 round(s)" in out, out
+
+
+@pytest.mark.slow
+def test_an_update_lacking_tensors_is_said_every_round(assets_dir: Path, short_tmp: Path) -> None:
+    """A parameter server leaves out the tensors its peers sent in another dtype: an
+    aggregate with some of the model's tensors, or none, is applied, and said each round."""
+    full = load(zero_update(assets_dir))
+    kept = dict(list(full.items())[: len(full) // 2])
+    updates = iter([save(kept), save({})])
+    source = peers([PS], "All")
+    applied = 0
+
+    def script(details: dict[str, Any]) -> Action:
+        nonlocal applied
+        applied += details["state"] == "applied-update"
+        match details["state"]:
+            case "joined" | "applied-update" if applied < 2:
+                return ExecuteBatch(1)
+            case "batch-completed":
+                return SendUpdate(peers([PS], "One"), 1.0)
+            case "sent-update":
+                push_once_receiving(bridge, backend, next(updates))
+                return ApplyUpdate(source, later(30))
+        return Terminate()
+
+    with action_bridge(assets_dir, short_tmp / "work", script) as (job_json, bridge, backend):
+        process = run_executor(job_json, bridge)
+        _, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err
+    warnings = [line for line in err.splitlines() if "update held" in line]
+    assert warnings == [
+        f"warning: round 1's update held {len(kept)} of {len(full)} tensors; the others did "
+        "not move (does every peer send the same dtype? HYPHA_PSEUDO_GRADIENT_DTYPE)",
+        f"warning: round 2's update held 0 of {len(full)} tensors; the others did not move "
+        "(does every peer send the same dtype? HYPHA_PSEUDO_GRADIENT_DTYPE)",
+    ], err

@@ -37,6 +37,12 @@ JobKind = Literal["causal-lm", "lenet", "bert-mlm"]
 JOB_KINDS: tuple[JobKind, ...] = get_args(JobKind)
 LrSchedule = Literal["cosine-with-warmup", "linear-with-warmup", "constant"]
 LR_SCHEDULES: tuple[LrSchedule, ...] = get_args(LrSchedule)
+# Action era: when the parameter server's broadcast is over and the next round starts.
+# delivered: once the push is on every target's bridge, as upstream's parameter server
+# reports `broadcasted-update` (its scheduler then stops answering `apply-update`);
+# applied: once every target reported `applied-update`, the stand-in's older, kinder order.
+BroadcastOver = Literal["delivered", "applied"]
+BROADCAST_OVER: tuple[BroadcastOver, ...] = get_args(BroadcastOver)
 _BASE58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
 
 
@@ -76,6 +82,11 @@ class RunOptions:
     # Action era: workers whose jobs begin after round 1 (late joiners, who get the model
     # from a peer), beyond `workers`.
     late_workers: int = 0
+    # None: upstream's order (delivered), but applied with late workers: upstream's
+    # scheduler sends a joiner the model only at a peer's `applied-update`, which its own
+    # order gives only to an `idle` in the short apply window, so a joiner could wait for
+    # ever (rl_scheduler.rs, index id 66469012466).
+    broadcast_over: BroadcastOver | None = None
 
     def __post_init__(self) -> None:
         for name in ("workers", "rounds", "steps_per_round", "batch_size"):
@@ -89,6 +100,8 @@ class RunOptions:
             raise UsageError("learning rates must be positive")
         if self.late_workers < 0 or (self.late_workers and self.generation != "actions"):
             raise UsageError("late-workers needs the action protocol (--generation actions)")
+        if self.broadcast_over is not None and self.broadcast_over not in BROADCAST_OVER:
+            raise UsageError(f"broadcast-over must be one of {', '.join(BROADCAST_OVER)}")
         if self.generation not in GENERATIONS:
             raise UsageError(f"generation must be one of {', '.join(GENERATIONS)}")
         if self.job not in JOB_KINDS:
@@ -102,6 +115,12 @@ class RunOptions:
     @property
     def all_workers(self) -> int:
         return self.workers + self.late_workers
+
+    @property
+    def broadcast_ends_when(self) -> BroadcastOver:
+        if self.broadcast_over is not None:
+            return self.broadcast_over
+        return "applied" if self.late_workers else "delivered"
 
     @property
     def target_samples(self) -> int:

@@ -2,7 +2,8 @@
 action the scheduler answers with, report what came of it, until `terminate`.
 
     joined -> idle | wait-for-model
-    execute-batch{n}      train n batches (n may be 0)          -> batch-completed{batch_size, n}
+    execute-batch{n}      train n batches (n > 0)               -> batch-completed{batch_size, n}
+    execute-batch{0}      wait the minimum loop time            -> idle
     send-update{t, w}     send w x (theta_local - theta_global) -> sent-update{round, metrics}
     apply-update{s, d}    theta_global += u, load it            -> applied-update
     idle{d}               wait until d                          -> idle
@@ -37,6 +38,7 @@ way, and stepped on when the answer is `execute-batch`, dropped when not.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -91,6 +93,11 @@ EXPORT_DIR = "model"  # the work dir's Hugging Face folder that push-to-hub uplo
 # slowest peer has sent too, which can be a whole window of training after us. An open
 # receive costs nothing while it waits; when it ends empty, `apply-update` opens its own.
 EARLY_RECEIVE_S = 3600.0
+# An action that trains after our send, with no `apply-update` between, means the round has
+# moved on: the aggregate is on our bridge, or on its way to the early receive. How long it
+# may take to come out of the receive before the action goes on without it (a push the
+# bridge dropped); a later one is still applied at the next action that uses the model.
+HELD_AGGREGATE_WAIT_S = 10.0
 # Statuses after which the scheduler usually answers `execute-batch`: the next batch's
 # gradient is computed while they are on their way. Each is the status of an action every
 # rank reports alike, so every rank decides the same.
@@ -109,6 +116,16 @@ class _Window:
     batches: int = 0
     seconds: float = 0.0  # the loop clock's TRAINING part, filled in when the window closes
     loss_sum: torch.Tensor | None = None
+
+
+def status_after_batches(batch_size: int, batches: int) -> Status:
+    """What `execute-batch{batches}` is answered with. `execute-batch{0}` is answered `idle`:
+    a `batch-completed{0}` moves the worker's clock in upstream's statistics (statistics.rs,
+    index id 66460343894, through rl_scheduler.rs, id 66469012466), so with one batch left
+    each worker, asking in turn, is projected 0 again, for ever. `idle` leaves the clock,
+    and the simulation, time-invariant then, gives the worker with the earliest projected
+    batch at least one. Nothing was trained, so nothing is counted."""
+    return batch_completed(batch_size, batches) if batches else IDLE
 
 
 class ActionTrainer(Workbench):
@@ -151,6 +168,10 @@ class ActionTrainer(Workbench):
         self.models_sent = 0
         self.window = _Window()
         self.early: EarlyReceive | None = None  # rank 0's receive opened with a send
+        # On every rank: an update was sent and its round's aggregate is not applied yet;
+        # late: it did not come within the wait, so each action looks for it once more.
+        self.aggregate_due = False
+        self.aggregate_late = False
         self.said_lr_multiplier = False
         self.ahead: SpeculativeStep | None = None
         self.speculation_note = "speculative step off, as asked: each action is awaited"
@@ -201,6 +222,10 @@ class ActionTrainer(Workbench):
 
     def perform(self, action: Action | None) -> Status | None:
         """Does `action` on every rank; rank 0's status of it, or None at `terminate`."""
+        if isinstance(action, SendUpdate | SendModel) or (
+            isinstance(action, ExecuteBatch) and action.batches > 0
+        ):
+            self.apply_held_aggregate()
         match action:
             case ExecuteBatch(batches=batches, lr_multiplier=multiplier):
                 return self.execute_batches(batches, multiplier)
@@ -238,6 +263,7 @@ class ActionTrainer(Workbench):
             )
         if batches == 0:
             self.wait_until(0.0)
+            return status_after_batches(self.job.config.batch_size, 0)
         for _ in range(batches):
             loss = self.ahead.stepped() if self.ahead is not None else None
             if loss is None:
@@ -247,7 +273,7 @@ class ActionTrainer(Workbench):
                 self.window.loss_sum = torch.zeros((), device=self.accelerator.device)
             self.window.loss_sum += loss
             self.window.batches += 1
-        return batch_completed(self.job.config.batch_size, batches)
+        return status_after_batches(self.job.config.batch_size, batches)
 
     def send_update(self, target: ActionPeersReference, weight: float) -> Status:
         """weight x (theta_local - theta_global) to the target; the model trains on as it is
@@ -271,9 +297,15 @@ class ActionTrainer(Workbench):
         if problem is not None:
             return problem
         window = self._close_window()
+        self.aggregate_due, self.aggregate_late = True, False
         if self.client is None:
             return IDLE  # only rank 0's status is sent
-        metrics = {"batches": float(window.batches), "weight": weight}
+        # theta_global's digest: the same on every worker in a round (the stand-in checks).
+        metrics = {
+            "batches": float(window.batches),
+            "weight": weight,
+            "global_digest": float(self.global_weights.digest()),
+        }
         if window.batches:
             samples = window.batches * self.job.config.batch_size
             metrics["samples_per_second"] = samples / max(window.seconds, 1e-9)
@@ -313,16 +345,88 @@ class ActionTrainer(Workbench):
         straggler): the local drift of the round is dropped with it."""
         problem = None
         if self.client is not None:
-            problem = self._receive_into(
-                source, deadline, self.global_weights.merge_update, early=True
-            )
+            problem = self._receive_into(source, deadline, self._merge, early=True)
         problem = self.ranks.share(problem)
         if problem is not None:
             return problem
+        self._applied()
+        return APPLIED_UPDATE
+
+    def apply_held_aggregate(self) -> None:
+        """Before an action that trains or uses the model: the aggregate that came without
+        an `apply-update` (upstream's order), merged and loaded as `apply-update` does.
+        Waits for it only while one is due since our send; one that came later than that
+        wait is applied whenever it is found."""
+        if not (self.aggregate_due or self.aggregate_late):
+            return  # the common case, with no collective
+        applied = False
+        if self.client is not None:
+            applied = self._merge_held()
+        applied = self.ranks.share(applied)
+        if applied:
+            self._applied()
+        elif self.aggregate_due:
+            # Waited once; looked for again at each action until the next send or apply.
+            self.aggregate_due, self.aggregate_late = False, True
+
+    def _merge_held(self) -> bool:
+        """Rank 0: whether the early receive held an aggregate that is now merged."""
+        early = self.early
+        if early is None:
+            return False
+        wait_s = HELD_AGGREGATE_WAIT_S if self.aggregate_due else 0.0
+        if not early.wait(time.time() + wait_s):
+            if self.aggregate_due:
+                self.say(
+                    f"round {self.round + 1}'s aggregate did not come within {wait_s:g} s of "
+                    "the next action; training on, it is applied once it comes"
+                )
+            return False
+        self.early = None
+        try:
+            received = early.outcome()
+        except BridgeError as exc:
+            self.say(f"round {self.round + 1}'s aggregate was not received: {exc}")
+            return False
+        if received is None:
+            return False
+        try:
+            self._merge(received.path)
+        except ExecutorError as exc:
+            self.say(f"round {self.round + 1}'s aggregate could not be applied: {exc}")
+            return False
+        finally:
+            received.path.unlink(missing_ok=True)
+        return True
+
+    def _merge(self, path: Path) -> int:
+        """Rank 0: theta_global += the update at `path`. An update that lacks tensors the
+        model has (a peer that sent another dtype: upstream's parameter server adds only
+        tensors of one name, shape and dtype, and leaves the others out) moves only part of
+        the model, or none of it: said on stderr and as telemetry, every round it happens."""
+        held = self.global_weights.merge_update(path)
+        expected = len(self.global_weights.tensors)
+        if held < expected:
+            round_number = self.round + 1
+            print(
+                f"warning: round {round_number}'s update held {held} of {expected} tensors; "
+                "the others did not move (does every peer send the same dtype? "
+                "HYPHA_PSEUDO_GRADIENT_DTYPE)",
+                file=sys.stderr,
+                flush=True,
+            )
+            telemetry.round_ended(
+                {"round": float(round_number), "update_tensors_held": float(held),
+                 "update_tensors_expected": float(expected)}
+            )  # fmt: skip
+        return held
+
+    def _applied(self) -> None:
+        """Every rank, once rank 0 merged a round's aggregate into theta_global."""
         self._load_global()
         self.round += 1
+        self.aggregate_due = self.aggregate_late = False
         self._close_window()  # what was trained before it is gone from the model
-        return APPLIED_UPDATE
 
     def receive_model(self, source: ActionPeersReference, deadline: float) -> Status:
         """A late joiner's start: a peer's theta_global as the whole state."""

@@ -63,6 +63,13 @@ if TYPE_CHECKING:
 
 # The module a worker runs (`python -m ...`), and what this process's own lines start with.
 PROG = "hypha.accelerate_executor.training"
+# Unless set: what each generation's own executors send, since a parameter server adds only
+# tensors of the same name, shape and dtype (upstream's `apply_tensor_op`), and a pool mixing
+# dtypes aggregates nothing. The action protocol's accelerate executor casts its
+# pseudo-gradients to bfloat16 (`extract_gradients` in its utils.py, hypha-space/hypha
+# executors/accelerate/.../utils.py, index id 66915679428, commit 012f80dd); alpha.17's sends
+# float32 (docs/protocol.md).
+PSEUDO_GRADIENT_DTYPE_BY_GENERATION = {"actions": "bfloat16", "alpha17": "float32"}
 
 
 @dataclass(frozen=True)
@@ -362,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = (
             arguments.socket,
             arguments.work_dir,
-            arguments.pseudo_gradient_dtype,
+            arguments.pseudo_gradient_dtype or PSEUDO_GRADIENT_DTYPE_BY_GENERATION[generation],
             arguments.micro_batch_size,
             arguments.trust_remote_code,
         )

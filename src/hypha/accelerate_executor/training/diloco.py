@@ -18,6 +18,7 @@ arithmetic).
 
 from __future__ import annotations
 
+import hashlib
 import os
 from io import FileIO
 from pathlib import Path
@@ -133,6 +134,17 @@ class GlobalWeights:
                 )
             tensor.copy_(received[name])
         return len(received)
+
+    def digest(self) -> int:
+        """A 24-bit BLAKE2b digest of theta_global, names and bytes in name order: the same
+        on every worker after a round when each applied the same aggregate. 24 bits, so
+        that it survives a float32 metric (upstream's `sent-update` metrics are f32) exactly."""
+        hasher = hashlib.blake2b(digest_size=3)
+        for name in sorted(self.tensors):
+            hasher.update(name.encode())
+            tensor = self.tensors[name].contiguous()
+            hasher.update(tensor.view(-1).view(torch.uint8).numpy().data)
+        return int.from_bytes(hasher.digest(), "big")
 
     def write_model(self, path: Path) -> int:
         """theta_global as a safetensors file (what a late joiner loads); its size."""

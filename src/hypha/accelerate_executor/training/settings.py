@@ -64,6 +64,11 @@ def micro_batch_size(value: str) -> int | None:
     return int(value)
 
 
+def pseudo_gradient_dtype(value: str) -> str | None:
+    """float32 or bfloat16; None (unset) leaves it to the bridge generation (alpha17_loop)."""
+    return choice(*PSEUDO_GRADIENT_DTYPES)(value) if value else None
+
+
 def model_dir(value: str) -> Path | None:
     """Where the final model is kept, or nowhere (empty). Made now if missing, so that one
     the executor cannot write is said before the job trains, not after."""
@@ -98,10 +103,10 @@ SETTINGS: tuple[Setting, ...] = (
         "HYPHA_PSEUDO_GRADIENT_DTYPE",
         "--pseudo-gradient-dtype",
         "pseudo_gradient_dtype",
-        choice(*PSEUDO_GRADIENT_DTYPES),
-        "float32",
-        "dtype of the pseudo-gradients sent (bfloat16 halves the bytes; default float32, "
-        "which upstream's parameter server expects)",
+        pseudo_gradient_dtype,
+        "",
+        "dtype of the pseudo-gradients sent; default: what the generation's own executors "
+        "send, bfloat16 on the action protocol, float32 on alpha.17",
     ),
     Setting(
         "HYPHA_BRIDGE_GENERATION",

@@ -29,8 +29,11 @@ class Aggregation:
         senders: Callable[[], list[str] | None],
         closed: Callable[[dict[str, Any]], None],
         failed: Callable[[str], None],
+        reported: Callable[[list[str]], bool] = lambda jobs: True,
     ) -> None:
+        """`reported(jobs)`: whether the scheduler has heard every sender's `sent-update`."""
         self.peer = peer
+        self._reported = reported
         self.rounds: list[dict[str, Any]] = []
         self.optimizer = optimizer
         self._lock = lock
@@ -55,6 +58,11 @@ class Aggregation:
         if self._busy or not self._pending or senders is None:
             return
         if any(job not in self._pending for job in senders):
+            return
+        # Upstream's scheduler tells its parameter server to aggregate only once every
+        # worker's `sent-update` is in (rl_scheduler.rs, index id 66469012466); a round
+        # closed before that would count a late `sent-update` in the next round.
+        if not self._reported(senders):
             return
         files, self._pending = self._pending, {}
         self._busy = True

@@ -1,0 +1,201 @@
+"""Rounds against the stand-in playing upstream's order (its parameter server's broadcast
+over once the push is on every bridge, so a worker that sent is told `execute-batch`, not
+`apply-update`): 2 workers x 3 rounds of the demo GPT-2, the scheduler's answers at once or
+late, the speculative step on and off, equal speeds or one worker slower.
+
+    python bench/upstream_rounds.py [--rounds N] [--steps-per-round N] [--smoke]
+
+Each run is the stand-in's coordinator (its scheduler and parameter server as upstream's
+decide) with two `LocalWorker`s running the executor as processes, each job's bridge reaching
+the coordinator through a wrapper that holds each answer back (`--delays`, ms) and notes every
+status and answer. "Unequal" holds w2's answers 40 ms more than w1's: to the scheduler w2 is
+the slower worker (its per-batch time is longer), which is what unequal speeds change.
+
+Per run: each round's duration (from the statuses: the scheduler's round as each `sent-update`
+states it), applied updates per worker (its executor's own round in its last `sent-update`,
+plus a final `applied-update`), broadcasts missed (a `sent-update` whose executor round is
+behind the scheduler's), `execute-batch{0}` answers, samples the scheduler counted
+(`batch-completed`) against those the executor trained (`sent-update`'s batches), and real
+samples/s (trained samples from the first `joined` to the last round's last `sent-update`). The ratio is each run's samples/s over
+the speculative-off run of the same delay and speeds, measured in the same invocation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if __name__ == "__main__" and not __package__:
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+from hypha.standin.coordinator.client import CoordinatorClient, JobBackend
+from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+from hypha.standin.data_service.assets import ensure_assets
+from hypha.standin.worker.executor_entries import preset
+from hypha.standin.worker.worker import LocalWorker, serve_one_job
+
+BATCH_SIZE = 8
+SLOWER_MS = 40  # unequal: w2's answers this much later than w1's
+
+
+@dataclass
+class Tally:
+    """One worker's statuses and answers."""
+
+    zero_answers: int = 0
+    counted: int = 0  # samples in batch-completed
+    trained: int = 0  # samples in sent-update's batches
+    sends: list[tuple[float, int, int]] = field(default_factory=list)  # (t, scheduler, own)
+    applied_after_last_send: bool = False
+    first_at: float | None = None  # its executor's `joined`: start-up left out
+
+
+class Noted:
+    """A job's way to the coordinator whose answers come `delay_s` late, noting each."""
+
+    def __init__(self, backend: JobBackend, coordinator: Coordinator, tally: Tally, delay_s: float):
+        self._backend, self._coordinator = backend, coordinator
+        self._tally, self._delay_s = tally, delay_s
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    def action(self, request: dict[str, Any]) -> dict[str, Any]:
+        details = request["status"]["details"]
+        state, tally = details["state"], self._tally
+        if tally.first_at is None:
+            tally.first_at = time.monotonic()
+        if state == "batch-completed":
+            tally.counted += details["batch_size"] * details["batches"]
+        elif state == "sent-update":
+            assert self._coordinator.actions is not None
+            scheduler_round = self._coordinator.actions.round
+            tally.sends.append((time.monotonic(), scheduler_round, int(details["round"])))
+            tally.trained += int(details["metrics"]["batches"]) * BATCH_SIZE
+            tally.applied_after_last_send = False
+        elif state == "applied-update":
+            tally.applied_after_last_send = True
+        time.sleep(self._delay_s)
+        answer = self._backend.action(request)
+        next_action = answer["next"]
+        if next_action.get("kind") == "execute-batch" and next_action.get("batches") == 0:
+            tally.zero_answers += 1
+        return answer
+
+
+def one_run(
+    catalog: Catalog, options: RunOptions, speculative: str, delays_ms: tuple[int, int], base: Path
+) -> dict[str, Any]:
+    tallies = {"w1": Tally(), "w2": Tally()}
+    threads = str(max(1, (os.cpu_count() or 1) // 2))
+    env = {"OMP_NUM_THREADS": threads, "HYPHA_SPECULATIVE_STEP": speculative}
+    started = time.monotonic()
+    with Coordinator(catalog, options) as coordinator:
+        client = CoordinatorClient(coordinator.url)
+        codes: dict[str, int] = {}
+
+        def run(name: str, delay_ms: int) -> None:
+            worker = LocalWorker(name, preset("process"), base, env=env)
+            tally = tallies[name]
+            backend = lambda job_id: Noted(  # noqa: E731
+                client.backend(job_id), coordinator, tally, delay_ms / 1e3
+            )
+            codes[name] = serve_one_job(client, worker, backend)
+
+        running = [
+            threading.Thread(target=run, args=(name, delay), daemon=True)
+            for name, delay in zip(tallies, delays_ms, strict=True)
+        ]
+        for thread in running:
+            thread.start()
+        for thread in running:
+            thread.join(900)
+        rounds = coordinator.actions.round if coordinator.actions else 0
+    sends = sorted(t for tally in tallies.values() for t in tally.sends)
+    ends = [max(t for t, r, _ in sends if r == index) for index in range(rounds) if sends]
+    begun = min((t.first_at for t in tallies.values() if t.first_at), default=started)
+    durations = [b - a for a, b in zip([begun, *ends], ends, strict=False)]
+    wall = (ends[-1] if ends else time.monotonic()) - begun
+    trained = sum(t.trained for t in tallies.values())
+    return {
+        "codes": codes,
+        "rounds": rounds,
+        "durations": [round(d, 1) for d in durations],
+        "applied": {
+            name: (t.sends[-1][2] if t.sends else 0) + int(t.applied_after_last_send)
+            for name, t in tallies.items()
+        },
+        "missed": sum(r - own for t in tallies.values() for _, r, own in t.sends),
+        "zeros": sum(t.zero_answers for t in tallies.values()),
+        "counted": sum(t.counted for t in tallies.values()),
+        "trained": trained,
+        "samples_per_s": trained / wall,
+        "wall_s": wall,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps-per-round", type=int, default=20)
+    parser.add_argument("--delays", default="0,50", help="answer delays in ms (default 0,50)")
+    parser.add_argument("--smoke", action="store_true", help="1 round of 4 steps, at once only")
+    arguments = parser.parse_args(argv)
+    rounds, steps = arguments.rounds, arguments.steps_per_round
+    delays = [int(value) for value in arguments.delays.split(",")]
+    if arguments.smoke:
+        rounds, steps, delays = 1, 4, [0]
+    options = RunOptions(
+        workers=2, rounds=rounds, steps_per_round=steps, batch_size=BATCH_SIZE,
+        generation="actions", broadcast_over="delivered",
+    )  # fmt: skip
+    catalog = Catalog.from_assets(ensure_assets(spec=options.asset_spec()))
+    rows = []
+    with (
+        tempfile.TemporaryDirectory(prefix="hy-", dir="/tmp") as base,  # short socket paths
+        contextlib.redirect_stdout(sys.stderr),  # the stand-in's own lines
+    ):
+        for delay in delays:
+            for speeds in ("equal", "unequal"):
+                pair = (delay, delay + (SLOWER_MS if speeds == "unequal" else 0))
+                for speculative in ("off", "on"):
+                    work = Path(base) / f"{delay}-{speeds}-{speculative}"
+                    work.mkdir()
+                    result = one_run(catalog, options, speculative, pair, work)
+                    rows.append((delay, speeds, speculative, result))
+                    print(f"{delay} ms, {speeds}, speculative {speculative}: done", file=sys.stderr)
+    print(
+        f"upstream rounds: 2 workers x {rounds} rounds of {options.target_samples} samples, "
+        f"GPT-2 demo, batch {BATCH_SIZE}, the stand-in in upstream's order"
+    )
+    print(
+        "| answers | speeds | speculative | exit | rounds' durations (s) | applied w1/w2 | "
+        "missed | execute-batch{0} | counted / trained | samples/s | vs off |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    baseline: dict[tuple[int, str], float] = {}
+    for delay, speeds, speculative, r in rows:
+        if speculative == "off":
+            baseline[(delay, speeds)] = r["samples_per_s"]
+        ratio = r["samples_per_s"] / baseline[(delay, speeds)]
+        exits = "/".join(str(code) for code in r["codes"].values())
+        durations = ", ".join(f"{d:.1f}" for d in r["durations"])
+        applied = "/".join(f"{n} of {r['rounds']}" for n in r["applied"].values())
+        print(
+            f"| {delay} ms | {speeds} | {speculative} | {exits} | {durations} | {applied} | "
+            f"{r['missed']} | {r['zeros']} | {r['counted']} / {r['trained']} | "
+            f"{r['samples_per_s']:.1f} | {ratio:.2f} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
