@@ -264,6 +264,15 @@ class CoordinatorCore:
             return answer
         return Ok()  # updated
 
+    @staticmethod
+    def _close_rounds_applied_silently(record: WorkerRecord, applied: int) -> None:
+        """In upstream's order an aggregate is mostly applied without an `applied-update`
+        (the executor applies it before its next action that trains): a `sent-update`'s
+        round, the updates its sender has applied, closes the rounds that went unreported."""
+        while sum(r.received_at is not None for r in record.rounds) < applied:
+            record.round.received_at = time.time()
+            record.rounds.append(RoundRecord(record.round.index + 1))
+
     def action(self, job_id: str, request: dict[str, Any]) -> dict[str, Any]:
         """An ActionRequest of the job's executor (bridge/actions.ACTION_REQUEST as JSON),
         answered as the action-era scheduler does."""
@@ -279,7 +288,8 @@ class CoordinatorCore:
                 raise CoordinatorRefusal(400, "invalid_request", "the request is for another job")
             status = message.status.details
             match status:
-                case SentUpdateStatus(metrics=sent):
+                case SentUpdateStatus(round=applied, metrics=sent):
+                    self._close_rounds_applied_silently(record, applied)
                     # Keyed by the scheduler's round, as upstream's metrics are: a late
                     # joiner's own count starts at its first round.
                     metrics = {key: float(value) for key, value in sent.items()}
