@@ -186,10 +186,10 @@ def executor_entry(path: str, folder: Path) -> tuple[ExecutorEntry, tuple[int, i
 
 def race(how: str) -> int:
     """The child of the race paths: bench/exit_race.py over 2 ranks; prints torchrun's exit code."""
-    from hypha.accelerate_executor.platform.launcher.plan import free_port
-
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-               "--master_port", str(free_port()), str(RACE_SCRIPT), how]  # fmt: skip
+    # --standalone: the rendezvous store binds a port of its own choosing, where a port picked
+    # free beforehand could be taken by another process before torchrun binds it.
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc_per_node", "2", str(RACE_SCRIPT), how]  # fmt: skip
     code = subprocess.run(command, stdin=subprocess.DEVNULL, cwd=REPO).returncode
     print(f"{EXIT_LINE}{code}", flush=True)
     return 0
