@@ -17,7 +17,6 @@ the container cannot read) from a directory only this process's uid can read.
 
 from __future__ import annotations
 
-import contextlib
 import http.server
 import json
 import os
@@ -25,11 +24,11 @@ import shutil
 import socketserver
 import stat
 import tempfile
-import threading
 from pathlib import Path
 from typing import Any
 
 from hypha.accelerate_executor.errors import PushError
+from hypha.accelerate_executor.shim.owner_socket import OwnerOnlySocket
 from hypha.accelerate_executor.training.hub_push import PUSH_ROUTE, SOCKET_VARIABLE, push_folder
 
 SOCKET_NAME = "hub.sock"
@@ -126,42 +125,15 @@ def upload(folder: str, repository: str, token: str, work_dir: str) -> tuple[int
     return 200, {"commit_url": url}
 
 
-class HubUpload:
+class HubUpload(OwnerOnlySocket):
     """Serves WORK_DIR/hub.sock from `start()` until `stop()`, connectable by `owner` (the
     container's uid:gid) only."""
 
     def __init__(self, work_dir: str, owner: tuple[int, int]) -> None:
-        self.socket_path = os.path.join(work_dir, SOCKET_NAME)
-        self._server = _Server(self.socket_path, _Handler, bind_and_activate=False)
-        self._server.work_dir = work_dir
-        self._owner = owner
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="hub-upload", daemon=True
-        )
-
-    def start(self) -> None:
-        try:
-            self._server.server_bind()
-            # Before listen() nobody can connect: the socket is never reachable more widely.
-            os.chmod(self.socket_path, 0o600)
-            if os.geteuid() != self._owner[0]:
-                os.chown(self.socket_path, *self._owner)
-            self._server.server_activate()
-        except OSError:
-            self._server.server_close()
-            self._unlink()
-            raise
-        self._thread.start()
-
-    def stop(self) -> None:
-        if self._thread.is_alive():
-            self._server.shutdown()
-        self._server.server_close()
-        self._unlink()
+        socket_path = os.path.join(work_dir, SOCKET_NAME)
+        server = _Server(socket_path, _Handler, bind_and_activate=False)
+        server.work_dir = work_dir
+        super().__init__(socket_path, server, owner, "hub-upload")
 
     def container_env(self) -> dict[str, str]:
         return {SOCKET_VARIABLE: self.socket_path}
-
-    def _unlink(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.socket_path)

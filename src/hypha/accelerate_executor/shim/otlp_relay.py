@@ -16,18 +16,17 @@ says so in one line.
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import http.server
 import os
 import socketserver
-import threading
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from hypha.accelerate_executor.shim.otlp_upstream import TelemetryConfigError, Upstream
+from hypha.accelerate_executor.shim.owner_socket import OwnerOnlySocket
 from hypha.accelerate_executor.telemetry import SOCKET_VARIABLE
 
 if TYPE_CHECKING:
@@ -99,16 +98,18 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         """Nothing on the shim's output: that is the executor's log."""
 
 
-class OtlpRelay:
+class OtlpRelay(OwnerOnlySocket):
     """Serves the relay on WORK_DIR/otlp.sock from `start()` until `stop()`, connectable by
     `owner` (the container's uid:gid) only. Raises TelemetryConfigError when a signal goes
     over gRPC and grpcio is not installed."""
 
+    _server: _Server
+
     def __init__(self, work_dir: str, upstream: Upstream, owner: tuple[int, int]) -> None:
-        self.socket_path = os.path.join(work_dir, SOCKET_NAME)
-        self._server = _Server(self.socket_path, _Handler, bind_and_activate=False)
-        self._server.upstream = upstream
-        self._server.grpc = None
+        socket_path = os.path.join(work_dir, SOCKET_NAME)
+        server = _Server(socket_path, _Handler, bind_and_activate=False)
+        server.upstream = upstream
+        server.grpc = None
         if upstream.grpc:  # grpcio is imported only here: the shim starts fast without it
             # gRPC's core logs a failed TLS handshake or connection on stderr, which is the
             # executor's log here; the exporter hears of it as the HTTP status it acts on.
@@ -117,44 +118,20 @@ class OtlpRelay:
             try:
                 from hypha.accelerate_executor.shim.otlp_grpc import GrpcForwarder
             except ImportError:
-                self._server.server_close()
+                server.server_close()
                 raise TelemetryConfigError(
                     "OTEL_EXPORTER_OTLP_PROTOCOL=grpc needs grpcio on the host (the [shim] extra)"
                 ) from None
-            self._server.grpc = GrpcForwarder(upstream, FORWARD_TIMEOUT_S)
-        self._owner = owner
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="otlp-relay", daemon=True
-        )
-
-    def start(self) -> None:
-        try:
-            self._server.server_bind()
-            # Before listen() nobody can connect: the socket is never reachable more widely.
-            os.chmod(self.socket_path, 0o600)
-            if os.geteuid() != self._owner[0]:
-                os.chown(self.socket_path, *self._owner)
-            self._server.server_activate()
-        except OSError:
-            self._server.server_close()
-            self._unlink()
-            raise
-        self._thread.start()
+            server.grpc = GrpcForwarder(upstream, FORWARD_TIMEOUT_S)
+        super().__init__(socket_path, server, owner, "otlp-relay")
 
     def stop(self) -> None:
-        if self._thread.is_alive():
-            self._server.shutdown()
-        self._server.server_close()
+        super().stop()
         if self._server.grpc is not None:
             self._server.grpc.close()
-        self._unlink()
 
     def container_env(self, env: Mapping[str, str]) -> dict[str, str]:
         """The executor's telemetry settings: the socket, and what the worker set that is
         no secret."""
         passed = {name: env[name] for name in PASSED_ON if env.get(name)}
         return {SOCKET_VARIABLE: self.socket_path, **passed}
-
-    def _unlink(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.socket_path)
