@@ -4,14 +4,15 @@
 
 Run by exit_repetition.py (paths race-teardown and race). Rank 0 starts a broadcast of a
 tensor made in Python and drops its own references to it (the gloo work then holds the last
-one); rank 1 joins the broadcast a second later. Rank 0's gloo worker thread then frees the
+one); rank 1 joins the broadcast a quarter second later, well inside rank 0's sort (about
+1 s of a 3M-element list), which must outlast it. Rank 0's gloo worker thread then frees the
 tensor, which takes the GIL, while rank 0's main thread holds the GIL in one C call (a sort)
 on its way out. `teardown` leaves with sys.exit, as the executor did, the sort being the last
 atexit function (registered first), so that finalization starts as the sort ends: the worker
 is still waiting for the GIL, CPython ends it with pthread_exit, the unwinding meets a C++
 destructor, and the rank aborts ("terminate called without an active exception"). `product`
 sorts, then leaves through entry.exit_without_teardown, as the executor does now. In the real
-job the window is the instant a loaded machine keeps a worker from running; here a second.
+job the window is the instant a loaded machine keeps a worker from running; here the sort.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ import torch.distributed as dist  # noqa: E402
 
 from hypha.accelerate_executor.entry import exit_without_teardown  # noqa: E402
 
-PEER_DELAY_S = 1.0
+# Shorter than the sort by far: at 1 s it was a coin flip on a quiet machine (the sort took
+# 0.96-1.07 s), and rank 0 left before rank 1 had sent, failing rank 1's wait.
+PEER_DELAY_S = 0.25
 
 
 def main(how: str) -> None:

@@ -19,7 +19,7 @@ it, in a child process of its own whose stdout and stderr (every rank's) are rea
 
 and, named only on request, the cause made to show in a few runs (bench/exit_race.py says how):
 
-  race           2 gloo ranks whose teardown race is held open for a second, leaving as the
+  race           2 gloo ranks whose teardown race is held open by a sort, leaving as the
                  executor does (entry.exit_without_teardown)
   race-teardown  the same leaving through the interpreter's teardown: a control, which aborts
 
