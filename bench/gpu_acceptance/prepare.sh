@@ -38,6 +38,9 @@ pip download -q --no-deps --only-binary=:all: --python-version "$target" \
 DS_BUILD_OPS=0 pip wheel -q --no-deps --no-build-isolation -w "$wheels" \
     "deepspeed==$(pin deepspeed)"
 pip wheel -q --no-deps --no-build-isolation -w "$wheels" .
+# Liger's kernels (pure Python over Triton) for compile_variants.py's fused linear-plus-
+# cross-entropy variant only: the executor does not depend on them.
+pip download -q --no-deps -d "$wheels" liger-kernel==0.8.5
 
 size=$(du -sm "$wheels" | cut -f1)
 if [ "$size" -ge 64 ]; then

@@ -11,6 +11,8 @@
 #               loop, eager, stays the baseline
 #   fsdp        the same model through accelerate-configs/fsdp.yaml (FSDP2), one process
 #   fsdp-compiled  the same, compiled
+#   variants    compile_variants.py: the bare step eager, blocks compiled, blocks and output
+#               projection compiled, the whole model compiled, Liger's fused loss; ratios to eager
 #   deepspeed   through accelerate-configs/deepspeed-zero2.yaml, one process; DeepSpeed's
 #               ops, where it needs any, JIT-build with the machine's nvcc
 #   actions     the same job on the action protocol of later Hypha workers, the stand-in's
@@ -101,6 +103,13 @@ if [ "$gpus" -gt 0 ]; then
     wanted fsdp && part fsdp 70 "${fsdp[@]}" --compile off
     wanted fsdp-compiled && part fsdp-compiled 130 "${fsdp[@]}" --compile on
     wanted deepspeed && part deepspeed 80 --accelerate-config deepspeed-zero2 --num-processes 1 --rounds 2 --compile off
+    if wanted variants; then
+        say ""
+        say "== variants: the bare step compiled each way (bench/gpu_acceptance/compile_variants.py)"
+        timeout -k 10 "${HYPHA_ACCEPTANCE_VARIANTS_LIMIT:-300}" "$python" bench/gpu_acceptance/compile_variants.py \
+            --model "$model" ${HYPHA_ACCEPTANCE_VARIANTS:+--variants "$HYPHA_ACCEPTANCE_VARIANTS"} \
+            >>"$summary" 2>"$logs/variants.log" || say "   (exit $?; see logs.tar.gz)"
+    fi
     if wanted profile; then
         say ""
         say "== profile: where a bare step's GPU time goes (bench/gpu_acceptance/profile_step.py)"

@@ -11,8 +11,10 @@ CUDA GPU whose Triton and C compiler are there, and nowhere else:
 What is compiled: each block of the model's transformer block list, in place
 (`Module.compile`, which keeps the module and its parameters as they are: no `_orig_mod.`
 in any state dict, tied weights still tied), so one block's graph serves every block and the
-compile time does not grow with the depth; a model without a block list is compiled whole,
-in place too. The loss, the optimizer step and the micro-batching stay as they are. The
+compile time does not grow with the depth; and the output projection (`get_output_embeddings`),
+whose vocabulary-wide products eager cuBLAS runs on a slow kernel when the vocabulary is not a
+multiple of 8 (GPT-2's 50,257): inductor pads them inside the graph (its pad_mm pass), so the
+weights keep their shape. A model without a block list is compiled whole, in place too. The loss, the optimizer step and the micro-batching stay as they are. The
 shapes are dynamic from the start (`dynamic=True`), so the round's last, shorter batch and a
 shorter last micro-batch reuse the graph rather than compiling another one.
 
@@ -73,6 +75,14 @@ def block_list(model: torch.nn.Module) -> torch.nn.ModuleList | None:
     return found
 
 
+def output_head(model: torch.nn.Module) -> torch.nn.Linear | None:
+    """The model's output projection (a transformers model's `get_output_embeddings()`), where
+    it is a plain Linear layer."""
+    get = getattr(model, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    return head if type(head) is torch.nn.Linear else None
+
+
 @dataclass
 class Compiled:
     """The modules compiled in place, and what was said about it."""
@@ -108,10 +118,17 @@ def compile_model(
     else:
         why = "on"
     blocks = block_list(model)
-    modules = list(blocks) if blocks is not None else [model]
+    if blocks is None:
+        model.compile(dynamic=True)
+        return Compiled([model], f"compiled ({why}): the whole model")
+    modules: list[torch.nn.Module] = list(blocks)
+    where = f"{len(blocks)} {type(blocks[0]).__name__} blocks"
+    head = output_head(model)
+    if head is not None:
+        modules.append(head)
+        where += " and the output projection"
     for module in modules:
         module.compile(dynamic=True)
-    where = f"{len(modules)} {type(modules[0]).__name__} blocks" if blocks else "the whole model"
     return Compiled(modules, f"compiled ({why}): {where}")
 
 
