@@ -170,3 +170,42 @@ def test_auto_compiles_only_where_it_was_measured_to_pay() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(2, 2))
     assert compile_model(model, "auto", torch.device("cpu")).what.startswith("eager (auto: ")
     assert model[0]._compiled_call_impl is None and model._compiled_call_impl is None
+
+
+CACHED_COMPILE = """
+import torch
+from torch._dynamo.utils import counters
+from hypha.accelerate_executor.tools.selftest.workload import SIZES, SelftestSpec
+from hypha.accelerate_executor.training.compiling import compile_model
+from hypha.standin.data_service.assets import build_model
+
+torch.set_num_threads(1)
+torch.manual_seed(0)
+model = build_model(SelftestSpec.of(SIZES["tiny"]))
+compile_model(model, "on", torch.device("cpu"))
+tokens = torch.randint(512, (2, 16))
+model(input_ids=tokens, labels=tokens).loss.backward()
+print("hits", counters["inductor"]["fxgraph_cache_hit"], "misses",
+      counters["inductor"]["fxgraph_cache_miss"])
+"""
+
+
+def test_a_second_process_compiles_from_the_cache_the_first_left(tmp_path: Path) -> None:
+    """What HYPHA_COMPILE_CACHE gives a second job under the shim (shim/compile_cache.py
+    points TORCHINDUCTOR_CACHE_DIR at the host folder): a process that finds the first one's
+    cache builds none of the step's graphs again."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    counts = []
+    for _ in range(2):
+        result = subprocess.run(
+            [sys.executable, "-c", CACHED_COMPILE], capture_output=True, text=True, env=env,
+            timeout=300, check=False,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr[-2000:]
+        (line,) = [x for x in result.stdout.splitlines() if x.startswith("hits")]
+        _, hits, _, misses = line.split()
+        counts.append((int(hits), int(misses)))
+    (cold_hits, cold_misses), (warm_hits, warm_misses) = counts
+    # The cold process misses once per distinct graph (its later blocks hit the first's).
+    assert cold_misses > 0
+    assert warm_misses == 0 and warm_hits == cold_hits + cold_misses

@@ -201,3 +201,28 @@ def test_the_shim_runs_without_torch(fake_image: str, worker_job: WorkerJob) -> 
         )
         assert result.returncode == code, result.stderr
         assert b"Traceback" not in result.stderr
+
+
+def test_the_compile_cache_outlives_the_job_only_when_asked(
+    fake_image: str, worker_job: WorkerJob, tmp_path: Any
+) -> None:
+    """HYPHA_COMPILE_CACHE: the second job's container finds what the first one's compiled,
+    in a host folder per image that belongs to the job's user alone. Without it, the cache
+    is the container's own /tmp and dies with it."""
+    root = tmp_path / "compile-cache"
+    env = {"HYPHA_COMPILE_CACHE": str(root)}
+    worker_job.plan(cache_mark="first")
+    first = worker_job.run(env=env)
+    assert first.returncode == 0, first.stderr
+    assert "cache holds []" in first.stdout.decode()
+    worker_job.plan(cache_mark="second")
+    second = worker_job.run(env=env)
+    assert second.returncode == 0, second.stderr
+    assert "cache holds ['first']" in second.stdout.decode()
+    (folder,) = root.iterdir()
+    info = folder.stat()
+    assert (info.st_uid, oct(info.st_mode & 0o777)) == (WORKER_UID, "0o700")
+
+    without = worker_job.run()
+    assert without.returncode == 0, without.stderr
+    assert "cache holds []" in without.stdout.decode()

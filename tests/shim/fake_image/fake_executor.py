@@ -10,6 +10,8 @@ says what to do (all keys optional):
     sleep: S          then wait S seconds, printing "ready" first; exit 1 when the bridge's
                       socket disappears (the executor does the same within ~10 s)
     self_kill: true   end by SIGKILL to itself
+    cache_mark: TEXT  list the files in $TORCHINDUCTOR_CACHE_DIR ("cache holds ..."), then
+                      leave a file named TEXT there, as a compiling executor leaves kernels
     exit: CODE        exit code at the end (default 0)
 """
 
@@ -68,6 +70,12 @@ if plan.get("write_files"):
         with open(os.path.join(args.work_dir, name), "wb") as file:
             file.write(b"x" * 1000)
     print("files written", flush=True)
+if plan.get("cache_mark"):
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR", "/tmp/.cache/torchinductor")
+    os.makedirs(cache, exist_ok=True)
+    print(f"cache holds {sorted(os.listdir(cache))}", flush=True)
+    with open(os.path.join(cache, plan["cache_mark"]), "w") as file:
+        file.write("kernel")
 if plan.get("alloc_mb"):
     blocks = []
     for _ in range(plan["alloc_mb"]):

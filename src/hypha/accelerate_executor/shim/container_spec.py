@@ -76,6 +76,8 @@ class ContainerSpec:
     nvidia_gpus: str | None = None  # "all" or device ids "0,1"
     devices: tuple[str, ...] = ()
     group_add: tuple[str, ...] = ()
+    # More writable bind mounts, (host path, container path): the compile cache.
+    binds: tuple[tuple[str, str], ...] = ()
 
     def create_kwargs(self, api: APIClient) -> dict[str, Any]:
         """Arguments for `APIClient.create_container`."""
@@ -88,7 +90,10 @@ class ContainerSpec:
             ids = self.nvidia_gpus.split(",")
             device_requests = [DeviceRequest(device_ids=ids, capabilities=[["gpu"]])]
         host_config = api.create_host_config(
-            binds={self.work_dir_source: {"bind": self.work_dir, "mode": "rw"}},
+            binds={
+                source: {"bind": target, "mode": "rw"}
+                for source, target in ((self.work_dir_source, self.work_dir), *self.binds)
+            },
             network_mode=self.network,
             cap_drop=["ALL"],
             security_opt=["no-new-privileges"],
@@ -144,5 +149,7 @@ class ContainerSpec:
             args += ["--env", name]
         for key, value in self.labels.items():
             args += ["--label", f"{key}={value}"]
+        for source, target in self.binds:
+            args += ["--volume", f"{source}:{target}"]
         args += ["--volume", f"{self.work_dir_source}:{self.work_dir}", self.image]
         return args + self.command

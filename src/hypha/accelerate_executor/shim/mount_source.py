@@ -1,4 +1,5 @@
-"""The work dir's path on the Docker engine's host, for a shim that runs in a container.
+"""A path's place on the Docker engine's host (the work dir's, the compile cache's), for a
+shim that runs in a container.
 
 Bind-mount sources are read on the engine's host. When the shim runs in a container with
 the engine's socket mounted (Compose, docker-out-of-docker), WORK_DIR is a path in the
@@ -47,13 +48,14 @@ def _contains(parent: str, path: str) -> bool:
     return path == parent or path.startswith(parent.rstrip("/") + "/")
 
 
-def translate(work_dir: str, mounts: Iterable[Mapping[str, Any]]) -> str:
-    """The host path of `work_dir`, through the innermost mount whose destination holds it."""
+def translate(work_dir: str, mounts: Iterable[Mapping[str, Any]], what: str = "work dir") -> str:
+    """The host path of `work_dir` (or of another path, `what`), through the innermost mount
+    whose destination holds it."""
     holding = [m for m in mounts if _contains(str(m.get("Destination", "")), work_dir)]
     if not holding:
         raise DockerError(
-            f"work dir {work_dir} is on no mount of the shim's container, so no other container "
-            "can see it; bind-mount the worker's work dir base into the shim's container",
+            f"{what} {work_dir} is on no mount of the shim's container, so no other container "
+            f"can see it; bind-mount the {what}'s base into the shim's container",
         )
     mount = max(holding, key=lambda m: len(str(m["Destination"])))
     shareable = mount.get("Type") == "bind" or (
@@ -61,14 +63,14 @@ def translate(work_dir: str, mounts: Iterable[Mapping[str, Any]]) -> str:
     )
     if not shareable or not mount.get("Source"):
         raise DockerError(
-            f"work dir {work_dir} is on a {mount.get('Type')} mount of the shim's container, "
-            "which another container cannot mount; use a bind mount for the work dir base",
+            f"{what} {work_dir} is on a {mount.get('Type')} mount of the shim's container, "
+            f"which another container cannot mount; use a bind mount for the {what}'s base",
         )
     rest = work_dir[len(str(mount["Destination"]).rstrip("/")) :]
     return str(mount["Source"]).rstrip("/") + rest
 
 
-def host_work_dir(api: APIClient, work_dir: str) -> str:
+def host_path(api: APIClient, work_dir: str, what: str = "work dir") -> str:
     if not in_container():
         return work_dir
     from docker.errors import NotFound
@@ -79,4 +81,4 @@ def host_work_dir(api: APIClient, work_dir: str) -> str:
         # An engine that does not know this container (a Docker-in-Docker sidecar) shares
         # its paths through its own mounts: the path is the same on both sides.
         return work_dir
-    return translate(work_dir, mounts)
+    return translate(work_dir, mounts, what)

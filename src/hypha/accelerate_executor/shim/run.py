@@ -29,9 +29,10 @@ import shutil
 import stat
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hypha.accelerate_executor.entry import OneLineArgumentParser, run_main, say_error
-from hypha.accelerate_executor.errors import ShimError
+from hypha.accelerate_executor.errors import DockerError, ShimError
 from hypha.accelerate_executor.platform.accelerators import (
     ROCM_DEVICES,
     require_nvidia_runtime,
@@ -44,6 +45,7 @@ from hypha.accelerate_executor.platform.image_tags import (
     VARIANTS,
 )
 from hypha.accelerate_executor.platform.variants import BY_NAME
+from hypha.accelerate_executor.shim import compile_cache
 from hypha.accelerate_executor.shim.container import run_container
 from hypha.accelerate_executor.shim.container_spec import (
     DEFAULT_PIDS_LIMIT,
@@ -57,7 +59,7 @@ from hypha.accelerate_executor.shim.container_spec import (
 from hypha.accelerate_executor.shim.engine import connect, find_image, root_cause
 from hypha.accelerate_executor.shim.hub_upload import FolderRefused, HubUpload, private_copy
 from hypha.accelerate_executor.shim.jobfile import write_job_file
-from hypha.accelerate_executor.shim.mount_source import host_work_dir
+from hypha.accelerate_executor.shim.mount_source import host_path
 from hypha.accelerate_executor.shim.mps_bundle import run_bundle
 from hypha.accelerate_executor.shim.otlp_relay import OtlpRelay
 from hypha.accelerate_executor.shim.otlp_upstream import (
@@ -68,6 +70,9 @@ from hypha.accelerate_executor.shim.otlp_upstream import (
 from hypha.accelerate_executor.shim.reaper import shim_labels
 from hypha.accelerate_executor.spec.job import Ambiguous, job_bytes, parse_any_job_bytes
 from hypha.accelerate_executor.supervisor import Interrupts
+
+if TYPE_CHECKING:
+    from docker import APIClient
 
 PROG = "hypha-accelerate run"
 _SIZE = re.compile(r"\d+(\.\d+)?[bkmgBKMG]?")
@@ -242,7 +247,7 @@ def _run_container(
         if args.gpus and args.gpus != "all":
             # /dev/dri holds every GPU's render node; ROCm narrows to the listed ones.
             env["ROCR_VISIBLE_DEVICES"] = args.gpus
-    work_dir_source = host_work_dir(api, work_dir)
+    work_dir_source = host_path(api, work_dir)
     relay = _start_relay(work_dir, owner)  # stopped below, whatever happens after this
     if relay is not None:
         env.update(relay.container_env(os.environ))
@@ -259,6 +264,7 @@ def _run_container(
     host_model_dir = os.environ.get(MODEL_DIR_VARIABLE) or None
     if host_model_dir is not None:
         env[MODEL_DIR_VARIABLE] = os.path.join(work_dir, KEPT_MODEL_DIR)
+    binds = _compile_cache(api, image, owner, env)
     spec = ContainerSpec(
         image=image,
         command=command,
@@ -280,6 +286,7 @@ def _run_container(
         nvidia_gpus=(args.gpus or "all") if args.variant in NVIDIA_VARIANTS else None,
         devices=devices,
         group_add=groups,
+        binds=binds,
     )
     try:
         outcome = run_container(api, spec, interrupts)
@@ -299,6 +306,25 @@ def _run_container(
             f"exit {outcome.exit_code}"
         )
     return outcome.exit_code
+
+
+def _compile_cache(
+    api: APIClient, image: str, owner: tuple[int, int], env: dict[str, str]
+) -> tuple[tuple[str, str], ...]:
+    """The compile cache's bind mount, and its variables added to `env`, when the worker set
+    HYPHA_COMPILE_CACHE (shim/compile_cache.py); a cache that cannot be had costs the job
+    nothing but one line."""
+    root = os.environ.get(compile_cache.CACHE_VARIABLE)
+    if not root:
+        return ()
+    try:
+        folder = compile_cache.cache_folder(root, api.inspect_image(image)["Id"], owner)
+        source = host_path(api, str(folder), "compile cache")
+    except (compile_cache.CompileCacheRefused, DockerError) as exc:
+        _say(f"compile cache off: {exc}")
+        return ()
+    env.update(compile_cache.container_env())
+    return ((source, compile_cache.CONTAINER_PATH),)
 
 
 def _copy_kept_model(work_dir: str, job_id: str, host_model_dir: str) -> None:

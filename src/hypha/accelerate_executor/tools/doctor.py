@@ -181,7 +181,7 @@ def check_cpu_run(api: APIClient, image: str, base: str) -> Check:
     """The launcher's --version in a container made the way the shim makes a job's."""
     from hypha.accelerate_executor.shim.container_spec import ContainerSpec, default_shm_size
     from hypha.accelerate_executor.shim.engine import remove_container
-    from hypha.accelerate_executor.shim.mount_source import host_work_dir
+    from hypha.accelerate_executor.shim.mount_source import host_path
 
     user = f"{os.geteuid()}:{os.getegid()}"
     with tempfile.TemporaryDirectory(prefix="hypha-doctor-", dir=base) as work_dir:
@@ -190,7 +190,7 @@ def check_cpu_run(api: APIClient, image: str, base: str) -> Check:
             command=["--version"],
             user=user,
             work_dir=work_dir,
-            work_dir_source=host_work_dir(api, work_dir),
+            work_dir_source=host_path(api, work_dir),
             shm_size=default_shm_size("cpu"),
         )
         start = time.monotonic()
