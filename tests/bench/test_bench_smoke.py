@@ -117,3 +117,13 @@ def test_against_needs_a_name_and_a_path(tmp_path: Path) -> None:
     done = bench("--only", "rounds", "--against", "executor=/usr/bin/python3", timeout=120)
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "NAME=PATH" in done.stderr
+
+
+def test_retry_overhead_compares_the_wrapper_with_a_plain_call() -> None:
+    script = RUN.with_name("retry_overhead.py")
+    done = subprocess.run(
+        [sys.executable, str(script), "--requests", "20", "--repeats", "1"],
+        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "with the retry wrapper" in done.stdout and "ratio" in done.stdout
