@@ -90,6 +90,12 @@ def test_a_transient_fault_costs_a_retry_not_the_job(
     assert all(m["loss"] > 0 and m["batches"] > 0 for m in rounds.values())
     if generation == "alpha17":  # the scheduler counted one status per batch trained
         assert faulty["batches_trained"] == faulty["batches_reported"]
+    # The row's figures, for docs/faults.md's table (shown with -rA).
+    losses = " ".join(f"{rounds[r]['loss']:.2f}" for r in sorted(rounds))
+    batches = [int(rounds[r]["batches"]) for r in sorted(rounds)]
+    counts = f", trained {faulty['batches_trained']}, counted {faulty['batches_reported']}"
+    print(f"ROW {generation} {fault}: w1 losses {losses}, batches per update {batches}"
+          f"{counts if generation == 'alpha17' else ''}")  # fmt: skip
 
 
 @pytest.mark.slow
