@@ -62,6 +62,7 @@ def assets_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("actions", "/resources/fetch=truncated:1"),
         ("alpha17", "/resources/fetch=truncated:1"),
         ("actions", "/resources/receive=busy:1"),
+        ("alpha17", "/resources/receive=cut:1"),
     ],
 )
 def test_a_transient_fault_costs_a_retry_not_the_job(
@@ -169,6 +170,11 @@ def test_a_peer_killed_mid_round_the_others_finish_and_a_replacement_gets_the_mo
         ("/status/send=200:fine", "STATUS is 4xx or 5xx"),
         ("/status/send=500:network_error:0", "TIMES at least 1"),
         ("/status/send=5xx:network_error", "whole numbers"),
+        ("/resources/send=busy", "busy is a fault of /resources/receive only"),
+        ("/resources/receive=truncated", "truncated is a fault of /resources/fetch only"),
+        ("/resources/receive=slow", r"expected /resources/receive=slow:SECONDS\[:TIMES\]"),
+        ("/resources/receive=slow:soon", "SECONDS is a number"),
+        ("/resources/receive=busy:1:2", r"expected /resources/receive=busy\[:TIMES\]"),
     ],
 )
 def test_a_fault_written_wrong_is_refused_by_name(text: str, problem: str) -> None:
@@ -185,6 +191,14 @@ def test_faults_count_down_per_route() -> None:
     kill = plan.take("/action/update")
     assert kill is not None and kill.kills and plan.take("/action/update") is None
     assert plan.take("/resources/fetch") is None
+    # A truncated fetch is a data slice's: a model's fetch neither gets nor spends it.
+    plan = FaultPlan((parse_fault("/resources/fetch=truncated"),))
+    assert plan.take("/resources/fetch") is None
+    truncated = plan.take("/resources/fetch", data_slice=True)
+    assert truncated is not None and truncated.served
+    assert plan.take("/resources/fetch", data_slice=True) is None
+    slow = parse_fault("/resources/receive=slow:2.5:3")
+    assert (slow.seconds, slow.times, slow.served) == (2.5, 3, True)
 
 
 def bridge_client(bridge: Any, job_json: str) -> ActionBridgeClient:

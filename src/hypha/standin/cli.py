@@ -162,8 +162,8 @@ def _worker_options_parser() -> OneLineArgumentParser:
         help="the first worker's bridge answers ROUTE's first TIMES requests (1) of its job "
         "with this error, as a worker whose remote side is unreachable does; repeatable, e.g. "
         "/resources/send=500:connector_error:1; also ROUTE=kill, /resources/receive=busy[:TIMES], "
-        "/resources/receive=slow:SECONDS[:TIMES], /resources/fetch=truncated[:TIMES] "
-        "(docs/faults.md)",
+        "/resources/receive=slow:SECONDS[:TIMES], /resources/fetch=truncated[:TIMES], "
+        "/resources/receive=cut[:TIMES] (docs/faults.md)",
     )
     worker.add_argument(
         "--as-user",

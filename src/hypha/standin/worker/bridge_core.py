@@ -96,7 +96,6 @@ class JobBridge:
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         # Receive state: one stream per job, ever.
-        self._stream_registered = False
         self._stream: queue.Queue[dict[str, Any] | None] | None = None
         self._stream_peers: list[str] = []
         self._receive_dir = DEFAULT_RECEIVE_DIR
@@ -198,7 +197,7 @@ class JobBridge:
         sender.start()
 
     def open_stream(self, request: dict[str, Any]) -> queue.Queue[dict[str, Any] | None] | None:
-        """Registers the job's one receive stream; None when one was registered before.
+        """Registers the job's receive stream; None while one is open.
         `request`: bridge/bodies.RECEIVE_REQUEST as serde decodes it."""
         resource = request["resource"]
         if resource["type"] != "peers":
@@ -207,9 +206,10 @@ class JobBridge:
             raise invalid_request(f"receive needs strategy All, not {resource['strategy']['type']}")
         directory = self._relative(request.get("path", DEFAULT_RECEIVE_DIR))
         with self._lock:
-            if self._stream_registered or self._stopping.is_set():
+            # One at a time: upstream's connector frees the registration once the stream is
+            # dropped (libp2p-stream's `accept` skips closed senders; docs/faults.md).
+            if self._stream is not None or self._stopping.is_set():
                 return None
-            self._stream_registered = True
             self._stream = queue.Queue()
             self._stream_peers = list(resource["peers"])
             self._receive_dir = directory.relative_to(self._real_work_dir).as_posix()

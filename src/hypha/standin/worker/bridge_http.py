@@ -116,7 +116,10 @@ class _Handler(BaseHTTPRequestHandler):
                 else:
                     self._reply(200, json.dumps(received).encode(), "application/json")
             elif path == "/resources/receive":
-                self._stream(self.bridge.open_stream(deserialized(bodies.RECEIVE_REQUEST, raw)))
+                events = self.bridge.open_stream(deserialized(bodies.RECEIVE_REQUEST, raw))
+                if fault is not None:
+                    say(self.bridge.name, f"fault on demand: {path} ends after one event")
+                self._stream(events, cut=fault is not None)
             elif path == "/action/update":
                 answer = self.bridge.action(bodies.wire(shaped(ACTION_REQUEST, raw)))
                 self._reply(200, json.dumps(answer).encode(), "application/json")
@@ -156,8 +159,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
         self.wfile.flush()
 
-    def _stream(self, events: queue.Queue[dict[str, Any] | None] | None) -> None:
-        """Serves the SSE stream (chunked, as the worker's HTTP stack does) until it ends."""
+    def _stream(self, events: queue.Queue[dict[str, Any] | None] | None, cut: bool = False) -> None:
+        """Serves the SSE stream (chunked, as the worker's HTTP stack does) until it ends;
+        `cut`: ends it after its first event (a fault on demand)."""
         self.close_connection = True
         self.send_response(200, "OK")
         self.send_header("Content-Type", "text/event-stream")
@@ -177,6 +181,8 @@ class _Handler(BaseHTTPRequestHandler):
                     chunk = b"data: " + json.dumps(event).encode() + b"\n\n"
                 self.wfile.write(b"%X\r\n%s\r\n" % (len(chunk), chunk))
                 self.wfile.flush()
+                if cut and chunk.startswith(b"data:"):
+                    break
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
         except OSError:

@@ -17,7 +17,9 @@ when its connector cannot register the receive (one registration at a time);
 a push over a slow link: upstream's bridge stops the receive's idle timer once data flows, so
 the answer may come long after the deadline; `/resources/fetch=truncated[:TIMES]` serves the
 first TIMES fetches of data slices with the file cut to half its bytes, as upstream's bridge returns a slice that a failed
-download left truncated in its `artifacts/` cache (it returns a cached file unchecked).
+download left truncated in its `artifacts/` cache (it returns a cached file unchecked); and
+`/resources/receive=cut[:TIMES]` ends alpha.17's receive stream after its first event, a
+stream that breaks mid-job.
 """
 
 from __future__ import annotations
@@ -36,8 +38,14 @@ KILL = "kill"
 BUSY = "busy"
 SLOW = "slow"
 TRUNCATED = "truncated"
+CUT = "cut"
 # The faults the bridge plays itself, and the one route each is for.
-PLAYED = {BUSY: "/resources/receive", SLOW: "/resources/receive", TRUNCATED: "/resources/fetch"}
+PLAYED = {
+    BUSY: "/resources/receive",
+    SLOW: "/resources/receive",
+    CUT: "/resources/receive",
+    TRUNCATED: "/resources/fetch",
+}
 ROUTES = (
     "/resources/fetch",
     "/resources/send",
@@ -62,7 +70,7 @@ class Fault:
     @property
     def served(self) -> bool:
         """Served, with a twist the bridge itself plays (JobBridge.receive_one, fetch)."""
-        return self.error in (SLOW, TRUNCATED)
+        return self.error in (SLOW, TRUNCATED, CUT)
 
     @property
     def body(self) -> bytes:
