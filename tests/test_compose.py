@@ -53,6 +53,19 @@ def test_compose_files_are_valid(files: list[str], variant: str, expected: str) 
     assert f"hypha-accelerate-executor:compose-{variant}" in done.stdout
 
 
+def test_the_faults_profile_starts_w2_with_the_fault_asked_for() -> None:
+    """`--profile faults`: a worker named w2 whose bridge fails HYPHA_FAULT's route (run with
+    `--scale worker-2=0`, docs/faults.md)."""
+    fault = "/action/update=500:network_error:2"
+    environment = {**os.environ, "HYPHA_FAULT": fault}
+    done = subprocess.run(
+        [*compose_command(), "--profile", "faults", "config"],
+        cwd=REPO, env=environment, capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert f"--fault={fault}" in done.stdout and "worker-faulty" in done.stdout
+
+
 @pytest.mark.docker
 @pytest.mark.slow
 @pytest.mark.parametrize(

@@ -161,7 +161,9 @@ def _worker_options_parser() -> OneLineArgumentParser:
         metavar="ROUTE=STATUS:ERROR[:TIMES]",
         help="the first worker's bridge answers ROUTE's first TIMES requests (1) of its job "
         "with this error, as a worker whose remote side is unreachable does; repeatable, e.g. "
-        "/resources/send=500:connector_error:1",
+        "/resources/send=500:connector_error:1; also ROUTE=kill, /resources/receive=busy[:TIMES], "
+        "/resources/receive=slow:SECONDS[:TIMES], /resources/fetch=truncated[:TIMES], "
+        "/resources/receive=cut[:TIMES] (docs/faults.md)",
     )
     worker.add_argument(
         "--as-user",

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import select
+import socket
 import threading
 import time
 from pathlib import Path
@@ -43,8 +45,14 @@ from hypha.accelerate_executor.errors import BridgeError
 from hypha.accelerate_executor.spec.job import ActionPeersReference, Generation
 
 ACTION_ROUTE = "/action/update"
-# Beyond a receive's deadline: how long the bridge may take to say 204.
+# Beyond a receive's deadline: how long the bridge may take to say 204, and how long its
+# receive directory may go unwritten while a late push still streams in.
 RECEIVE_SLACK_S = 30.0
+# A 204 this long before the deadline is not the deadline's: the bridge could not register
+# the receive (upstream's connector holds one registration at a time) and said so at once.
+REFUSED_BEFORE_S = 1.0
+# How often a receive's wait looks at its directory once past the deadline and its slack.
+ANSWER_POLL_S = 1.0
 # The probe's whole budget: a bridge that does not answer it in this long answers nothing.
 PROBE_TIMEOUT_S = 10.0
 # How long an early receive may take to put its request on the bridge's socket (EarlyReceive).
@@ -74,6 +82,7 @@ class ActionBridgeClient(BridgeClient):
     def __init__(self, socket_path: Path, work_dir: Path, job_id: str) -> None:
         super().__init__(socket_path, work_dir)
         self.job_id = job_id
+        self.receive_slack_s = RECEIVE_SLACK_S
 
     def update(self, status: Status) -> Action:
         """Reports `status`; returns the scheduler's next action."""
@@ -103,7 +112,13 @@ class ActionBridgeClient(BridgeClient):
         """Waits until `deadline` (seconds since the epoch) for one file from the peers;
         None when none came. A deadline already past is never sent: upstream's bridge takes
         it for no deadline at all and would wait for ever. `sent` is set once the request
-        is on the bridge's socket."""
+        is on the bridge's socket.
+
+        The answer is awaited past the deadline for as long as the bridge keeps writing into
+        `relative_dir`: upstream's bridge stops a receive's idle timer once data flows, so a
+        model of a few GB over a slow link is answered long after the deadline. A 204 well
+        before the deadline (the bridge could not register the receive) is asked again
+        after a pause, until the deadline."""
         if deadline <= time.time():
             return None
         route = "/resources/receive"
@@ -111,18 +126,36 @@ class ActionBridgeClient(BridgeClient):
             resource=reference, path=relative_dir, timeout=SystemTime.at(deadline)
         )
         body = json_body(wire(request))
+        directory = self.work_dir / relative_dir
+
+        def await_answer(sock: socket.socket) -> None:
+            poller = select.poll()
+            poller.register(sock, select.POLLIN)
+            while not poller.poll(int(ANSWER_POLL_S * 1000)):
+                quiet_since = time.time() - self.receive_slack_s
+                if quiet_since > deadline and not written_since(directory, quiet_since):
+                    raise TimeoutError
 
         def attempt() -> tuple[int, bytes]:
-            timeout = deadline - time.time() + RECEIVE_SLACK_S
+            timeout = deadline - time.time() + self.receive_slack_s
             with reaching(self.socket_path, route, timeout):
-                status, data = self._round_trip(route, body, timeout, sent)
+                status, data = self._round_trip(route, body, timeout, sent, await_answer)
             if status not in (200, 204):
                 raise_for(route, status, data)
             return status, data
 
-        # Tried again on a transient failure only until the deadline: past it, upstream's
-        # bridge would take the deadline for none at all.
-        status, data = retrying(route, attempt, self.retry_policy, until=deadline)
+        refusals = 0
+        while True:
+            # Tried again on a transient failure only until the deadline: past it, upstream's
+            # bridge would take the deadline for none at all.
+            status, data = retrying(route, attempt, self.retry_policy, until=deadline)
+            if status != 204 or deadline - time.time() < REFUSED_BEFORE_S:
+                break
+            refusals += 1
+            pause = self.retry_policy.pause(refusals)
+            if time.time() + pause >= deadline:
+                return None
+            time.sleep(pause)
         if status == 204:
             return None
         try:
@@ -130,6 +163,14 @@ class ActionBridgeClient(BridgeClient):
         except ValueError:
             raise BridgeError(route, 200, "bad_answer", "the answer is not JSON") from None
         return self._received(entry)
+
+
+def written_since(directory: Path, since: float) -> bool:
+    """Whether a file in `directory` was written at or after `since` (a time.time())."""
+    try:
+        return any(entry.stat().st_mtime >= since for entry in directory.iterdir())
+    except OSError:
+        return False
 
 
 class EarlyReceive:

@@ -292,12 +292,19 @@ class BridgeClient:
         return json.loads(data) if data.strip() else None
 
     def _round_trip(
-        self, route: str, body: bytes, timeout: float, sent: threading.Event | None = None
+        self,
+        route: str,
+        body: bytes,
+        timeout: float,
+        sent: threading.Event | None = None,
+        await_answer: Callable[[socket.socket], None] | None = None,
     ) -> tuple[int, bytes]:
         """One request on a kept-alive connection: a `status` goes out after every batch,
         and a new connection each time costs the bridge more than answering it. Hand-written
         on http.client: the executor image has no urllib3 (nor requests, nor httpx). `sent`
-        is set once the request is on the socket, before its answer is awaited."""
+        is set once the request is on the socket, before its answer is awaited;
+        `await_answer`, given the socket, returns once the answer has begun to come (or
+        raises TimeoutError), in place of the socket's timeout."""
         connection, reused = self._acquire(timeout)
         headers = {"Content-Type": "application/json"}
         try:
@@ -315,6 +322,8 @@ class BridgeClient:
                 connection.request("POST", route, body=body, headers=headers)
             if sent is not None:
                 sent.set()
+            if await_answer is not None and connection.sock is not None:
+                await_answer(connection.sock)
             response = connection.getresponse()
             data = response.read()
         except BaseException:

@@ -226,7 +226,18 @@ class StatusReporter:
 
 
 class UpdateInbox:
+    """alpha.17's one receive stream, read on a thread of its own; the files peers push.
+
+    A stream that breaks mid-job while the bridge's socket is still there (reset, silent
+    past the keepalive, closed by the bridge) is opened again, with the retry policy's
+    pauses and bound counted from the break. Upstream's connector frees a receive's
+    registration once its stream is dropped (libp2p-stream's `accept` skips closed senders,
+    docs/faults.md), so a reopen that comes too early gets a stream that ends at once and
+    is tried again. A push that comes while no stream is open is not announced."""
+
     def __init__(self, bridge: BridgeClient, results: PeersReference) -> None:
+        self._bridge = bridge
+        self._results = results
         self._accepted_peers = set(results.peers)  # empty: any peer
         self._files: queue.SimpleQueue[ReceivedFile | ExecutorError] = queue.SimpleQueue()
         self._stream = bridge.receive(results)
@@ -246,9 +257,27 @@ class UpdateInbox:
 
     def _read_loop(self) -> None:
         try:
-            for received in self._stream:
-                if not self._accepted_peers or received.from_peer in self._accepted_peers:
-                    self._files.put(received)
+            broken_since, reopens = 0.0, 0
+            while True:
+                try:
+                    for received in self._stream:
+                        broken_since, reopens = 0.0, 0
+                        if not self._accepted_peers or received.from_peer in self._accepted_peers:
+                            self._files.put(received)
+                except BridgeGoneError as exc:
+                    if not self._bridge.socket_path.exists():
+                        raise  # the worker stopped the job
+                    now = time.monotonic()
+                    broken_since = broken_since or now
+                    reopens += 1
+                    pause = self._bridge.retry_policy.pause(reopens)
+                    if now + pause - broken_since > self._bridge.retry_policy.total_s:
+                        raise BridgeGoneError(
+                            f"{exc} (the update stream opened again {reopens - 1} times "
+                            f"over {now - broken_since:.0f} s)"
+                        ) from None
+                    time.sleep(pause)
+                    self._stream = self._bridge.receive(self._results)
         except ExecutorError as exc:
             self._files.put(exc)
         except Exception as exc:  # a malformed event must still wake the waiting loop

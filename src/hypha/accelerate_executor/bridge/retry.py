@@ -5,10 +5,17 @@ node or a parameter server that does not answer for a second is the normal case.
 
     transient (tried again)                       final (raised at once)
     5xx: the bridge's remote hop failed            4xx: the request itself is wrong
-      (network_error, connector_error, io_error,     (invalid_request, hash_mismatch, 404,
-       docs/protocol.md section 2)                    413/415/422 of the extractors)
-    the bridge refused or reset the connection,    the socket file is gone: the worker
-      or did not answer in time                      stopped the job (BridgeGoneError)
+      (network_error, connector_error, io_error,     (invalid_request, 404, 413/415/422
+       docs/protocol.md section 2)                    of the extractors)
+    400 hash_mismatch: a data node's bytes did     the socket file is gone: the worker
+      not hash to the slice's name                   stopped the job (BridgeGoneError)
+    the bridge refused or reset the connection,
+      or did not answer in time
+
+hash_mismatch is a 400 whose cause is not the request: upstream's bridge answers it when the
+bytes a data node streamed do not hash to the slice, deletes them, and retries the download
+itself inside the same backoff as its 5xx (docs/faults.md cites the source); another fetch may
+reach another data node.
 
 Every try after the first waits a jittered, exponentially growing pause; no try starts once
 `total_s` has passed since the first, so a request gives up after at most `total_s` plus
@@ -70,9 +77,15 @@ class BridgeRetriesExhausted(BridgeError):
         self.tries = tries
 
 
+# The 4xx answers whose cause lies beyond the bridge, not in the request.
+TRANSIENT_4XX = frozenset({"hash_mismatch"})
+
+
 def is_transient(failure: Exception) -> bool:
+    if isinstance(failure, BridgeRetriesExhausted):
+        return False
     if isinstance(failure, BridgeError):
-        return failure.status >= 500 and not isinstance(failure, BridgeRetriesExhausted)
+        return failure.status >= 500 or failure.error in TRANSIENT_4XX
     if isinstance(failure, BridgeGoneError):
         return failure.transient
     return False

@@ -16,6 +16,12 @@ Action-era data nodes serve each slice as one raw Snappy block of a safetensors 
 (`artifacts/<hash>`); alpha.17's serve the safetensors file itself. The bytes tell which
 (`is_plain_safetensors`): both load. A Git LFS pointer in a slice's place (a data node serving a
 repository cloned without its LFS files) is named as such.
+
+A fetched slice is checked whole (its layout read, a Snappy block decompressed) on the fetching
+thread, ahead of training. Upstream's bridge returns a cached `artifacts/<hash>` unchecked, and
+a download that failed mid-way leaves one truncated there for the bridge's own retry to find
+(docs/faults.md): such a slice is deleted, which also empties the bridge's cache entry (the
+file was moved out of it), and fetched again, a few times in a row at most.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import itertools
 import mmap
 import os
 import struct
+import sys
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -33,7 +40,7 @@ from pathlib import Path
 import torch
 
 from hypha.accelerate_executor.bridge.client import BridgeClient
-from hypha.accelerate_executor.errors import DataError
+from hypha.accelerate_executor.errors import DataError, TensorFileError
 from hypha.accelerate_executor.spec.job import DataReference
 from hypha.accelerate_executor.training.distributed import Ranks
 from hypha.accelerate_executor.training.tensorfile import TensorEntry, read_layout
@@ -46,6 +53,8 @@ Batch = dict[str, torch.Tensor]
 READ_WHOLE_BYTES = 1 << 20
 # Where fetched slices are moved to, under the work dir: names only the executor uses.
 OWN_SLICES_DIR = "slices"
+# How many fetches in a row may hand out a broken slice before the job ends.
+BROKEN_SLICE_FETCHES = 3
 # The label transformers' losses skip: padding, and whatever else should teach nothing.
 IGNORED_LABEL = -100
 # Padding where token rows of different lengths meet in one batch: `labels` are ignored,
@@ -171,6 +180,10 @@ def refuse_git_lfs_pointer(path: Path, head: bytes, size: int) -> None:
         )
 
 
+class BrokenSlice(DataError):
+    """A slice's bytes are not whole: a download cut short, or bytes changed on the way."""
+
+
 def _uncompressed_slice(path: Path, file: io.FileIO, size: int) -> bytearray:
     import cramjam  # the executor's Snappy codec (pyproject's train extra)
 
@@ -180,7 +193,7 @@ def _uncompressed_slice(path: Path, file: io.FileIO, size: int) -> bytearray:
     try:
         return bytearray(cramjam.snappy.decompress_raw(bytes(compressed)))
     except cramjam.DecompressionError:
-        raise DataError(
+        raise BrokenSlice(
             f"data slice {path.name} is neither a safetensors file nor a Snappy block of one"
         ) from None
 
@@ -285,6 +298,21 @@ class SliceStream:
         return [entry.path for entry in self._bridge.fetch(self._reference)]
 
     def _fetch_slice(self) -> Path:
+        """The next whole slice, under a name of our own; a broken one is deleted and
+        another fetched, up to BROKEN_SLICE_FETCHES in a row."""
+        for fetches in itertools.count(1):
+            path = self._fetch_one_slice()
+            try:
+                _read_slice(path)
+                return path
+            except (BrokenSlice, TensorFileError) as exc:
+                path.unlink(missing_ok=True)
+                if fetches == BROKEN_SLICE_FETCHES:
+                    raise BrokenSlice(f"{exc} ({fetches} broken slices in a row)") from None
+                print(f"warning: {exc}; deleted it, fetching again", file=sys.stderr)
+        raise AssertionError("unreachable")
+
+    def _fetch_one_slice(self) -> Path:
         """Fetches the next slice and moves it to a name of our own before anything else
         reaches the bridge: the next fetch may rewrite the bridge's file in place."""
         files = self._fetch_files()

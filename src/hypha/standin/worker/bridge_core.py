@@ -20,6 +20,7 @@ stream no receive has registered (docs/protocol-actions.md: why strict is not th
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import queue
@@ -95,7 +96,6 @@ class JobBridge:
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         # Receive state: one stream per job, ever.
-        self._stream_registered = False
         self._stream: queue.Queue[dict[str, Any] | None] | None = None
         self._stream_peers: list[str] = []
         self._receive_dir = DEFAULT_RECEIVE_DIR
@@ -129,8 +129,10 @@ class JobBridge:
 
     # What each route does; the handler parses the request and writes the answer.
 
-    def fetch(self, reference: dict[str, Any]) -> list[dict[str, Any]]:
-        """`reference`: a Reference as serde decodes it (bridge/bodies.BODY_REFERENCE)."""
+    def fetch(self, reference: dict[str, Any], truncated: bool = False) -> list[dict[str, Any]]:
+        """`reference`: a Reference as serde decodes it (bridge/bodies.BODY_REFERENCE).
+        `truncated`: each file cut to its first half, as a download that broke off leaves
+        it in upstream's cache, which hands it out unchecked."""
         kind = reference["type"]
         if kind == "peers":
             raise invalid_request(
@@ -156,7 +158,8 @@ class JobBridge:
         fetched = []
         for remote in files:
             target = self._relative(f"artifacts/{remote.name}")
-            size = self._write(target, partial(self.backend.download, remote.blob))
+            produce = partial(self.backend.download, remote.blob)
+            size = self._write(target, partial(_first_half, produce) if truncated else produce)
             fetched.append(
                 {"path": target.relative_to(self._real_work_dir).as_posix(), "size": size}
             )
@@ -194,7 +197,7 @@ class JobBridge:
         sender.start()
 
     def open_stream(self, request: dict[str, Any]) -> queue.Queue[dict[str, Any] | None] | None:
-        """Registers the job's one receive stream; None when one was registered before.
+        """Registers the job's receive stream; None while one is open.
         `request`: bridge/bodies.RECEIVE_REQUEST as serde decodes it."""
         resource = request["resource"]
         if resource["type"] != "peers":
@@ -203,9 +206,10 @@ class JobBridge:
             raise invalid_request(f"receive needs strategy All, not {resource['strategy']['type']}")
         directory = self._relative(request.get("path", DEFAULT_RECEIVE_DIR))
         with self._lock:
-            if self._stream_registered or self._stopping.is_set():
+            # One at a time: upstream's connector frees the registration once the stream is
+            # dropped (libp2p-stream's `accept` skips closed senders; docs/faults.md).
+            if self._stream is not None or self._stopping.is_set():
                 return None
-            self._stream_registered = True
             self._stream = queue.Queue()
             self._stream_peers = list(resource["peers"])
             self._receive_dir = directory.relative_to(self._real_work_dir).as_posix()
@@ -242,9 +246,11 @@ class JobBridge:
         if request["remove_file"]:
             path.unlink(missing_ok=True)
 
-    def receive_one(self, request: dict[str, Any]) -> dict[str, Any] | None:
+    def receive_one(self, request: dict[str, Any], stream_s: float = 0.0) -> dict[str, Any] | None:
         """The action-era receive: the first push from the peers (any, for none named) until
-        the deadline, written to `<path>/<peer>`; None when none came (204).
+        the deadline, written to `<path>/<peer>`; None when none came (204). `stream_s`: the
+        push's bytes take that long to come (a slow link), deadline or not: upstream's bridge
+        stops the receive's idle timer once data flows.
         `request`: bridge/bodies.ACTION_RECEIVE_REQUEST."""
         resource = request["resource"]
         if resource["type"] != "peers":
@@ -270,7 +276,8 @@ class JobBridge:
         if push is None:
             return None
         rel = f"{directory.relative_to(self._real_work_dir).as_posix()}/{push.from_peer}"
-        size = self._write(self._relative(rel), partial(_write_bytes, push.data))
+        produce = partial(_write_slowly, push.data, stream_s) if stream_s else None
+        size = self._write(self._relative(rel), produce or partial(_write_bytes, push.data))
         return {"path": rel, "size": size, "from_peer": push.from_peer}
 
     def receives_open(self) -> int:
@@ -426,6 +433,23 @@ class JobBridge:
 
 def _write_bytes(data: bytes, out: BinaryIO) -> None:
     out.write(data)
+
+
+def _first_half(produce: Callable[[BinaryIO], None], out: BinaryIO) -> None:
+    """What `produce` writes, cut to its first half: a download that broke off."""
+    whole = io.BytesIO()
+    produce(whole)
+    out.write(whole.getvalue()[: len(whole.getvalue()) // 2])
+
+
+def _write_slowly(data: bytes, seconds: float, out: BinaryIO) -> None:
+    """`data` in ten pieces over `seconds`, each flushed: a file that grows as a slow
+    stream's does."""
+    piece = -(-len(data) // 10) or 1
+    for start in range(0, len(data), piece):
+        time.sleep(seconds / 10)
+        out.write(data[start : start + piece])
+        out.flush()
 
 
 def _deadline_of(request: dict[str, Any]) -> float | None:

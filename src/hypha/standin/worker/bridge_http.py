@@ -85,14 +85,21 @@ class _Handler(BaseHTTPRequestHandler):
             return
         try:
             raw = read_json(self)
-            if (fault := self.server.faults.take(path)) is not None:
+            data_slice = (
+                path == "/resources/fetch"
+                and isinstance(raw, dict)
+                and raw.get("type") == "scheduler"
+            )
+            fault = self.server.faults.take(path, data_slice)
+            if fault is not None and not fault.served:
                 self._answer_fault(path, fault)
                 return
             if path == "/resources/fetch":
                 reference = deserialized(bodies.BODY_REFERENCE, raw)
-                self._reply(
-                    200, json.dumps(self.bridge.fetch(reference)).encode(), "application/json"
-                )
+                if fault is not None:
+                    say(self.bridge.name, f"fault on demand: {path} hands out truncated files")
+                fetched = self.bridge.fetch(reference, truncated=fault is not None)
+                self._reply(200, json.dumps(fetched).encode(), "application/json")
             elif path == "/resources/send" and self.bridge.generation == "actions":
                 self.bridge.send_now(deserialized(bodies.ACTION_SEND_REQUEST, raw))
                 self._reply(200, b"", None)
@@ -100,13 +107,19 @@ class _Handler(BaseHTTPRequestHandler):
                 self.bridge.send(deserialized(bodies.SEND_REQUEST, raw))
                 self._reply(200, b"", None)
             elif path == "/resources/receive" and self.bridge.generation == "actions":
-                received = self.bridge.receive_one(deserialized(bodies.ACTION_RECEIVE_REQUEST, raw))
+                request = deserialized(bodies.ACTION_RECEIVE_REQUEST, raw)
+                if fault is not None:
+                    say(self.bridge.name, f"fault on demand: {path} writes slowly")
+                received = self.bridge.receive_one(request, fault.seconds if fault else 0.0)
                 if received is None:
                     self._reply(204, b"", None)
                 else:
                     self._reply(200, json.dumps(received).encode(), "application/json")
             elif path == "/resources/receive":
-                self._stream(self.bridge.open_stream(deserialized(bodies.RECEIVE_REQUEST, raw)))
+                events = self.bridge.open_stream(deserialized(bodies.RECEIVE_REQUEST, raw))
+                if fault is not None:
+                    say(self.bridge.name, f"fault on demand: {path} ends after one event")
+                self._stream(events, cut=fault is not None)
             elif path == "/action/update":
                 answer = self.bridge.action(bodies.wire(shaped(ACTION_REQUEST, raw)))
                 self._reply(200, json.dumps(answer).encode(), "application/json")
@@ -124,7 +137,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         say(self.bridge.name, f"fault on demand: {path} answered {fault.status} {fault.error}")
-        self._reply(fault.status, fault.body, "application/json")
+        self._reply(fault.status, fault.body, "application/json" if fault.body else None)
 
     def do_PUT(self) -> None:
         self._reply(405 if self.path in self.routes else 404, b"", None)
@@ -146,8 +159,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
         self.wfile.flush()
 
-    def _stream(self, events: queue.Queue[dict[str, Any] | None] | None) -> None:
-        """Serves the SSE stream (chunked, as the worker's HTTP stack does) until it ends."""
+    def _stream(self, events: queue.Queue[dict[str, Any] | None] | None, cut: bool = False) -> None:
+        """Serves the SSE stream (chunked, as the worker's HTTP stack does) until it ends;
+        `cut`: ends it after its first event (a fault on demand)."""
         self.close_connection = True
         self.send_response(200, "OK")
         self.send_header("Content-Type", "text/event-stream")
@@ -167,6 +181,8 @@ class _Handler(BaseHTTPRequestHandler):
                     chunk = b"data: " + json.dumps(event).encode() + b"\n\n"
                 self.wfile.write(b"%X\r\n%s\r\n" % (len(chunk), chunk))
                 self.wfile.flush()
+                if cut and chunk.startswith(b"data:"):
+                    break
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
         except OSError:

@@ -9,6 +9,17 @@ route's first request is killed (SIGKILL, the sender read off the Unix socket), 
 dies mid-round. A fault answers the route's first TIMES requests of each job, after their
 bodies were read (so the executor's request was whole), and touches nothing behind the
 bridge: the scheduler, data node or peer never sees those requests.
+
+Three more play upstream's bridge's own ways (docs/faults.md cites its source):
+`/resources/receive=busy[:TIMES]` answers 204 at once, as upstream's action-era bridge does
+when its connector cannot register the receive (one registration at a time);
+`/resources/receive=slow:SECONDS[:TIMES]` serves the receive but writes its file over SECONDS,
+a push over a slow link: upstream's bridge stops the receive's idle timer once data flows, so
+the answer may come long after the deadline; `/resources/fetch=truncated[:TIMES]` serves the
+first TIMES fetches of data slices with the file cut to half its bytes, as upstream's bridge returns a slice that a failed
+download left truncated in its `artifacts/` cache (it returns a cached file unchecked); and
+`/resources/receive=cut[:TIMES]` ends alpha.17's receive stream after its first event, a
+stream that breaks mid-job.
 """
 
 from __future__ import annotations
@@ -24,6 +35,17 @@ from dataclasses import dataclass
 from hypha.accelerate_executor.errors import UsageError
 
 KILL = "kill"
+BUSY = "busy"
+SLOW = "slow"
+TRUNCATED = "truncated"
+CUT = "cut"
+# The faults the bridge plays itself, and the one route each is for.
+PLAYED = {
+    BUSY: "/resources/receive",
+    SLOW: "/resources/receive",
+    CUT: "/resources/receive",
+    TRUNCATED: "/resources/fetch",
+}
 ROUTES = (
     "/resources/fetch",
     "/resources/send",
@@ -39,25 +61,36 @@ class Fault:
     status: int
     error: str
     times: int = 1
+    seconds: float = 0.0  # how long a `slow` receive takes to write its file
 
     @property
     def kills(self) -> bool:
         return self.error == KILL
 
     @property
+    def served(self) -> bool:
+        """Served, with a twist the bridge itself plays (JobBridge.receive_one, fetch)."""
+        return self.error in (SLOW, TRUNCATED, CUT)
+
+    @property
     def body(self) -> bytes:
+        if self.error == BUSY:
+            return b""
         detail = f"injected fault: {self.error} on {self.route}"
         return json.dumps({"error": self.error, "detail": detail}).encode()
 
 
 def parse_fault(text: str) -> Fault:
-    """`ROUTE=STATUS:ERROR[:TIMES]` or `ROUTE=kill` as a Fault; UsageError naming what is wrong."""
+    """`ROUTE=STATUS:ERROR[:TIMES]`, `ROUTE=kill`, `/resources/receive=busy[:TIMES]` or
+    `/resources/receive=slow:SECONDS[:TIMES]` as a Fault; UsageError naming what is wrong."""
     route, _, answer = text.partition("=")
     parts = answer.split(":")
     if route not in ROUTES:
         raise UsageError(f"fault {text!r}: the route is not one of {', '.join(ROUTES)}")
     if answer == KILL:
         return Fault(route, 0, KILL)
+    if parts[0] in PLAYED:
+        return _played_fault(text, route, parts)
     if len(parts) not in (2, 3) or not all(parts):
         raise UsageError(f"fault {text!r}: expected ROUTE=STATUS:ERROR[:TIMES]")
     try:
@@ -69,6 +102,21 @@ def parse_fault(text: str) -> Fault:
     return Fault(route, status, parts[1], times)
 
 
+def _played_fault(text: str, route: str, parts: list[str]) -> Fault:
+    kind, rest = parts[0], parts[1:]
+    if route != PLAYED[kind]:
+        raise UsageError(f"fault {text!r}: {kind} is a fault of {PLAYED[kind]} only")
+    try:
+        seconds = float(rest.pop(0)) if kind == SLOW and rest else -1.0
+        times = int(rest.pop(0)) if rest else 1
+    except ValueError:
+        raise UsageError(f"fault {text!r}: SECONDS is a number, TIMES a whole number") from None
+    if rest or (kind == SLOW and seconds <= 0) or times < 1:
+        usage = "slow:SECONDS[:TIMES], SECONDS above 0" if kind == SLOW else f"{kind}[:TIMES]"
+        raise UsageError(f"fault {text!r}: expected {route}={usage}, TIMES at least 1")
+    return Fault(route, 204 if kind == BUSY else 200, kind, times, max(seconds, 0.0))
+
+
 class FaultPlan:
     """The faults of one job's bridge, counted down as they are answered."""
 
@@ -77,10 +125,14 @@ class FaultPlan:
         self._left = {fault.route: fault.times for fault in faults}
         self._lock = threading.Lock()
 
-    def take(self, route: str) -> Fault | None:
-        """The fault to answer this request of `route` with, or None to serve it."""
+    def take(self, route: str, data_slice: bool = False) -> Fault | None:
+        """The fault to answer this request of `route` with, or None to serve it.
+        `data_slice`: the request is a fetch of a data slice, the one kind of fetch that
+        upstream's bridge caches and a `truncated` fault plays."""
         with self._lock:
             if self._left.get(route, 0) == 0:
+                return None
+            if self._faults[route].error == TRUNCATED and not data_slice:
                 return None
             self._left[route] -= 1
             return self._faults[route]
