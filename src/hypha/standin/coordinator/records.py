@@ -42,6 +42,11 @@ class WorkerRecord:
     rounds: list[RoundRecord] = field(default_factory=lambda: [RoundRecord(0)])
     # Keyed by the round number the executor reports.
     metrics: dict[int, dict[str, float]] = field(default_factory=dict)
+    # Action era: how many aggregates the model a late joiner received had been through
+    # (the sender's applied ones), and the `global_digest` of each sent update keyed by the
+    # aggregates its global model had been through (this base plus the executor's round).
+    model_base: int = 0
+    digests: dict[int, float] = field(default_factory=dict)
     slices: list[int] = field(default_factory=list)
     exit_code: int | None = None
     leaks: list[str] = field(default_factory=list)

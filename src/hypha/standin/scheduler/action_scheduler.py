@@ -181,11 +181,12 @@ class ActionScheduler:
             worker.applied_update = False
         return list(self.workers)
 
-    def broadcasted(self) -> None:
-        """Every target has the update (`broadcasted-update`): the next round starts."""
+    def broadcasted(self, keep_sent: set[str] | frozenset[str] = frozenset()) -> None:
+        """Every target has the update (`broadcasted-update`): the next round starts.
+        `keep_sent`: the senders whose update missed this aggregate and goes into the next."""
         for worker in self.workers.values():
             worker.samples = 0
-        self.sent.clear()
+        self.sent &= set(keep_sent)
         self.round += 1
         self.training_complete = self.training_complete or self.round >= self.rounds
         if self.training_complete:
