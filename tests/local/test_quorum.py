@@ -15,13 +15,14 @@ from hypha.accelerate_executor.bridge.action_client import ActionBridgeClient
 from hypha.accelerate_executor.bridge.actions import (
     IDLE,
     JOINED,
+    ExecuteBatch,
     Idle,
     SendUpdate,
     batch_completed,
     sent_update,
 )
 from hypha.standin.parameter_server.server import NesterovOuterOptimizer
-from hypha.standin.scheduler.action_scheduler import peers
+from hypha.standin.scheduler.action_scheduler import ActionScheduler, peers
 
 BATCH = 8
 
@@ -124,3 +125,26 @@ def received_update(coordinator: Any, client: ActionBridgeClient) -> dict[str, A
     received = client.receive_one(source, "incoming", time.time() + 30)
     assert received is not None
     return load_file(received.path)
+
+
+def test_a_carried_sender_takes_no_batch_in_the_next_rounds_simulation() -> None:
+    """A worker whose update missed the aggregate sits the next round out (its update is
+    in): the simulation leaves it out, or its stale clock would take every batch left and the
+    others would be told `execute-batch{0}` for ever (seen with a late joiner, 4 rounds)."""
+    w1, w2, w3, ps = "12D3KooWw1", "12D3KooWw2", "12D3KooWw3", "12D3KooWPs"
+    now = [0.0]
+    s = ActionScheduler(10_000, 5, ps, clock=lambda: now[0], wall=lambda: 1.7e9)
+    for peer in (w1, w2, w3):
+        s.add_worker(peer, BATCH)
+    for at_s in (1.0, 2.0, 3.0):  # every worker gets a mean of 1 s a batch
+        now[0] = at_s
+        for peer in (w1, w2, w3):
+            s.answer(peer, batch_completed(BATCH, 1))
+    s.sent.add(w3)  # w3's update missed round 0's aggregate
+    s.aggregated()
+    s.broadcasted(keep_sent={w3})
+    assert s.sent == {w3}
+    now[0] = 60.0  # w3 has not reported since 3 s: played forward, it would take them all
+    s.answer(w2, batch_completed(BATCH, 1))
+    action = s.answer(w1, batch_completed(BATCH, 1))
+    assert isinstance(action, ExecuteBatch) and action.batches > 0, action

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from hypha.accelerate_executor.bridge.actions import (
     ACTION_REQUEST,
+    BatchCompletedStatus,
     ErrorStatus,
     SendModel,
     SentUpdateStatus,
@@ -292,7 +293,10 @@ class CoordinatorCore:
                 raise CoordinatorRefusal(400, "invalid_request", "the request is for another job")
             status = message.status.details
             match status:
+                case BatchCompletedStatus(batches=batches):
+                    record.batches_completed += batches
                 case SentUpdateStatus(round=applied, metrics=sent):
+                    record.batches_sent += int(sent.get("batches", 0))
                     self._close_rounds_applied_silently(record, applied)
                     # Keyed by the scheduler's round, as upstream's metrics are: a late
                     # joiner's own count starts at its first round.

@@ -47,6 +47,11 @@ class WorkerRecord:
     # aggregates its global model had been through (this base plus the executor's round).
     model_base: int = 0
     digests: dict[int, float] = field(default_factory=dict)
+    # Action era: the batches its `batch-completed` statuses reported, and those its
+    # `sent-update`s counted; equal when no trained batch was lost or counted twice (but for
+    # those trained after its last send, when the job ended first).
+    batches_completed: int = 0
+    batches_sent: int = 0
     slices: list[int] = field(default_factory=list)
     exit_code: int | None = None
     leaks: list[str] = field(default_factory=list)

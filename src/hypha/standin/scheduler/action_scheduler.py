@@ -294,8 +294,12 @@ class ActionScheduler:
         return SendUpdate(peers(servers[:1], "One"), contribution / self.count)
 
     def _batches(self, peer: str) -> int:
-        """1 until every pool member has a mean; then its count in the simulation."""
-        pool = list(self.workers.values())
+        """1 until every pool member has a mean; then its count in the simulation. A member
+        whose update is already in (one that missed the last aggregate, carried into this
+        round) trains no more this round: played forward, its stale clock would take every
+        batch left, and the others would be told `execute-batch{0}` for ever."""
+        members = [p for p in self.workers if p not in self.sent or p == peer]
+        pool = [self.workers[p] for p in members]
         means = [w.mean.value for w in pool]
         if not pool or not all(0 < mean < UNSET_MEAN for mean in means):
             return 1
@@ -306,7 +310,7 @@ class ActionScheduler:
             self.target_samples - self.count,
             self.multi_batch_size,
         )
-        return simulation.batches[list(self.workers).index(peer)]
+        return simulation.batches[members.index(peer)]
 
     def _parameter_servers(self) -> list[str]:
         return [] if self.parameter_server is None else [self.parameter_server]
