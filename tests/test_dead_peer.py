@@ -18,7 +18,7 @@ from hypha.standin.demo import run_demo
 from hypha.standin.worker.executor_entries import preset
 from hypha.standin.worker.faults import parse_fault
 
-ROUNDS = 3
+ROUNDS = 4
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def test_a_dead_peer_costs_no_batch_of_the_others_and_its_replacement_starts_tra
     assets_dir: Path, tmp_path: Path, short_tmp: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     options = RunOptions(
-        workers=2, late_workers=1, rounds=ROUNDS, steps_per_round=20, generation="actions"
+        workers=2, late_workers=1, rounds=ROUNDS, steps_per_round=40, generation="actions"
     )
     run_demo(
         options, preset("process"), out_dir=tmp_path / "out", work_base=short_tmp,
@@ -62,7 +62,10 @@ def test_a_dead_peer_costs_no_batch_of_the_others_and_its_replacement_starts_tra
     assert summary["digest_mismatches"] == []
     print(
         "dead peer:",
-        {name: (w["batches_completed"], w["batches_sent"]) for name, w in workers.items()},
+        {
+            name: (w["batches_completed"], w["batches_sent"], w["batches_past_end"])
+            for name, w in workers.items()
+        },
         {int(k): round(m["loss"], 3) for k, m in survivor.items()},
         "late",
         {int(k): round(m["loss"], 3) for k, m in late["metrics"].items()},

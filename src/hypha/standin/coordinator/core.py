@@ -294,7 +294,13 @@ class CoordinatorCore:
             status = message.status.details
             match status:
                 case BatchCompletedStatus(batches=batches):
-                    record.batches_completed += batches
+                    final_is_out = self.actions.aggregated_updates and (
+                        self.actions.round >= self.options.rounds - 1
+                    )
+                    if final_is_out:
+                        record.batches_past_end += batches
+                    else:
+                        record.batches_completed += batches
                 case SentUpdateStatus(round=applied, metrics=sent):
                     record.batches_sent += int(sent.get("batches", 0))
                     self._close_rounds_applied_silently(record, applied)

@@ -52,6 +52,10 @@ class WorkerRecord:
     # those trained after its last send, when the job ended first).
     batches_completed: int = 0
     batches_sent: int = 0
+    # Those trained once the final aggregate was out: upstream's scheduler answers an
+    # `applied-update` before the broadcast is over with `execute-batch`, even the last
+    # round's, and no update follows it.
+    batches_past_end: int = 0
     slices: list[int] = field(default_factory=list)
     exit_code: int | None = None
     leaks: list[str] = field(default_factory=list)
