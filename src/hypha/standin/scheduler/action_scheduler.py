@@ -160,8 +160,8 @@ class ActionScheduler:
     def add_worker(self, peer: str, batch_size: int) -> None:
         """A new pool member. One that comes after round 0 waits for the model from here on:
         upstream marks it at its `joined`, but until then its quorum and grace period let
-        a round go without it, and the stand-in's parameter server waits for every worker
-        not waiting for a model."""
+        a round go without it; the stand-in's parameter server, which plays that quorum too
+        (parameter_server/aggregation.py), would wait for it until the grace time ran out."""
         self.workers[peer] = _Worker(batch_size, waiting_for_model=self.round > 0)
 
     def remove_worker(self, peer: str) -> None:
