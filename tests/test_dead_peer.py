@@ -50,6 +50,7 @@ def test_a_dead_peer_costs_no_batch_of_the_others_and_its_replacement_starts_tra
         worker = workers[name]
         assert worker["exit_code"] == 0, worker
         assert worker["batches_sent"] == worker["batches_completed"] > 0, worker
+        assert worker["violations"] == [], worker["violations"]  # each update's count exact
         assert all("loss" in m for m in worker["metrics"].values()), worker["metrics"]
     survivor = {int(key): m for key, m in workers["w2"]["metrics"].items()}
     assert sorted(survivor) == list(range(ROUNDS))

@@ -301,8 +301,17 @@ class CoordinatorCore:
                         record.batches_past_end += batches
                     else:
                         record.batches_completed += batches
+                    record.batches_unsent += batches
                 case SentUpdateStatus(round=applied, metrics=sent):
-                    record.batches_sent += int(sent.get("batches", 0))
+                    counted = int(sent.get("batches", record.batches_unsent))
+                    if counted != record.batches_unsent:
+                        self._violation(
+                            record,
+                            f"a sent-update counted {counted} batches; its batch-completed "
+                            f"statuses reported {record.batches_unsent} since the last one",
+                        )
+                    record.batches_sent += counted
+                    record.batches_unsent = 0
                     self._close_rounds_applied_silently(record, applied)
                     # Keyed by the scheduler's round, as upstream's metrics are: a late
                     # joiner's own count starts at its first round.

@@ -56,6 +56,10 @@ class WorkerRecord:
     # `applied-update` before the broadcast is over with `execute-batch`, even the last
     # round's, and no update follows it.
     batches_past_end: int = 0
+    # Reported since its last `sent-update`: what that update must count, and, at the end,
+    # what it trained that no update carried (past the end, or in a final round aggregated
+    # at the quorum without it).
+    batches_unsent: int = 0
     slices: list[int] = field(default_factory=list)
     exit_code: int | None = None
     leaks: list[str] = field(default_factory=list)
