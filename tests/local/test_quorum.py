@@ -13,11 +13,16 @@ from safetensors.torch import load_file, save_file
 
 from hypha.accelerate_executor.bridge.action_client import ActionBridgeClient
 from hypha.accelerate_executor.bridge.actions import (
+    APPLIED_UPDATE,
     IDLE,
     JOINED,
+    WAITED_FOR_MODEL,
     ExecuteBatch,
     Idle,
+    ReceiveModel,
+    SendModel,
     SendUpdate,
+    WaitForModel,
     batch_completed,
     sent_update,
 )
@@ -148,3 +153,23 @@ def test_a_carried_sender_takes_no_batch_in_the_next_rounds_simulation() -> None
     s.answer(w2, batch_completed(BATCH, 1))
     action = s.answer(w1, batch_completed(BATCH, 1))
     assert isinstance(action, ExecuteBatch) and action.batches > 0, action
+
+
+def test_a_joiner_sent_the_model_before_its_joined_is_not_sent_another() -> None:
+    """The stand-in marks a late joiner waiting from its assignment: a peer's
+    `applied-update` may send it the model before its executor reports `joined`. That
+    `joined` must not mark it waiting again (a second model it never receives, and rounds
+    that leave it out while it trains: the late joiner's missed aggregate)."""
+    w1, w3, ps = "12D3KooWw1", "12D3KooWw3", "12D3KooWPs"
+    s = ActionScheduler(BATCH, 5, ps, clock=lambda: 0.0, wall=lambda: 1.7e9)
+    s.add_worker(w1, BATCH)
+    s.answer(w1, batch_completed(BATCH, 1))
+    s.answer(w1, sent_update(0, {}))
+    s.aggregated()
+    s.broadcasted()
+    s.add_worker(w3, BATCH)  # assigned in round 1: waiting for the model
+    assert isinstance(s.answer(w1, APPLIED_UPDATE), SendModel)
+    assert isinstance(s.answer(w3, JOINED), WaitForModel)
+    assert s.senders() == [w1, w3]  # it trains from the model on its way: a round waits for it
+    assert isinstance(s.answer(w3, WAITED_FOR_MODEL), ReceiveModel)
+    assert not isinstance(s.answer(w1, APPLIED_UPDATE), SendModel)  # no second model

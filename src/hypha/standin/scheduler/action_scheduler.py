@@ -214,7 +214,11 @@ class ActionScheduler:
         if state == "joined":
             if self.round == 0:
                 return self._idle(SHORT_IDLE_S)
-            worker.waiting_for_model = True
+            # The stand-in marks a joiner waiting from its assignment (add_worker), so a
+            # peer may have been told to send it the model before its executor said
+            # `joined`: marked again, it would be sent a second model it never receives,
+            # and be left out of the rounds it trains in (their aggregates missed).
+            worker.waiting_for_model = worker.receiving_from is None
             return WaitForModel(self._deadline(WAIT_FOR_MODEL_S))
         if state == "waited-for-model":
             sender, worker.receiving_from = worker.receiving_from, None
