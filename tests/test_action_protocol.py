@@ -268,13 +268,15 @@ def test_batches_zero_a_straggler_a_past_deadline_and_terminate(
     assert backend.statuses[4]["type"] == "connection"  # nothing received: deadline passed
     sent = backend.statuses[5]
     assert sent["round"] == 1 and sent["metrics"]["weight"] == 0.5
-    # The straggler's drift was dropped by the merge: nothing trained since.
-    assert sent["metrics"]["batches"] == 0
+    # The straggler's 2 batches are in no aggregate: kept on top of the one it applied, and
+    # counted, with their loss, in its next sent update (a quorum closed its round without it).
+    assert sent["metrics"]["batches"] == 2 and sent["metrics"]["loss"] > 0
     ((peer, data),) = backend.sent
     assert peer == PS and set(load(data)) == set(load(zero_update(assets_dir)))
     # Unset, the action protocol's pseudo-gradients are bfloat16, as upstream's executor's.
     floats = [t for t in load(data).values() if t.is_floating_point()]
     assert floats and all(t.dtype == torch.bfloat16 for t in floats)
+    assert any(bool(t.any()) for t in floats)  # the 2 batches' drift, not a zero update
 
 
 @pytest.mark.slow
@@ -341,7 +343,7 @@ def test_the_coordinator_names_a_worker_whose_global_model_differs(assets_dir: P
         status = sent_update(0, {"batches": 1.0, "weight": 0.5, "global_digest": float(digest)})
         coordinator.action(job_id, action_request(job_id, status))
     assert coordinator.summary()["digest_mismatches"] == [
-        "w2's global model in round 0 (digest 123456) differs from w1's (abcdef)"
+        "w2's global model after 0 aggregate(s) (digest 123456) differs from w1's (abcdef)"
     ]
 
 

@@ -87,6 +87,14 @@ class RunOptions:
     # order gives only to an `idle` in the short apply window, so a joiner could wait for
     # ever (rl_scheduler.rs, index id 66469012466).
     broadcast_over: BroadcastOver | None = None
+    # Action era, as upstream's scheduler decides when its parameter server aggregates
+    # (rl_scheduler.rs, index id 66840749586): once every worker not waiting for a model has
+    # reported `sent-update`, or once `quorum` of them have (at most all) and `grace_s` has
+    # passed since the round's first. Upstream takes both from its caller; these defaults
+    # are its DiLoCo job's worker pool settings (scheduler_config.rs, index id 66989121913:
+    # `min` 2, `grace_ms` 10 000). An update that misses the aggregate goes into the next.
+    quorum: int = 2
+    grace_s: float = 10.0
 
     def __post_init__(self) -> None:
         for name in ("workers", "rounds", "steps_per_round", "batch_size"):
@@ -94,6 +102,8 @@ class RunOptions:
                 raise UsageError(f"{name.replace('_', '-')} must be at least 1")
         if self.samples_per_round is not None and self.samples_per_round < 1:
             raise UsageError("samples-per-round must be at least 1")
+        if self.quorum < 1 or self.grace_s < 0:
+            raise UsageError("quorum must be at least 1 and grace-s not negative")
         if self.warmup_steps < 0:
             raise UsageError("warmup-steps must not be negative")
         if self.learning_rate <= 0 or self.outer_learning_rate <= 0:

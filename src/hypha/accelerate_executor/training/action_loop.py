@@ -172,6 +172,8 @@ class ActionTrainer(Workbench):
         # late: it did not come within the wait, so each action looks for it once more.
         self.aggregate_due = False
         self.aggregate_late = False
+        # Rank 0: the update merged while batches since our last send were held (_applied).
+        self.straggler_update: dict[str, torch.Tensor] = {}
         self.said_lr_multiplier = False
         self.ahead: SpeculativeStep | None = None
         self.speculation_note = "speculative step off, as asked: each action is awaited"
@@ -342,7 +344,7 @@ class ActionTrainer(Workbench):
 
     def apply_update(self, source: ActionPeersReference, deadline: float) -> Status:
         """theta_global += u, loaded into the model. Also after no send of ours (a
-        straggler): the local drift of the round is dropped with it."""
+        straggler): its drift since then is kept on top (_applied)."""
         problem = None
         if self.client is not None:
             problem = self._receive_into(source, deadline, self._merge, early=True)
@@ -405,6 +407,10 @@ class ActionTrainer(Workbench):
         tensors of one name, shape and dtype, and leaves the others out) moves only part of
         the model, or none of it: said on stderr and as telemetry, every round it happens."""
         held = self.global_weights.merge_update(path)
+        if self.window.batches:  # every rank's window counts alike; see _applied
+            from safetensors.torch import load_file
+
+            self.straggler_update = load_file(path)
         expected = len(self.global_weights.tensors)
         if held < expected:
             round_number = self.round + 1
@@ -422,11 +428,40 @@ class ActionTrainer(Workbench):
         return held
 
     def _applied(self) -> None:
-        """Every rank, once rank 0 merged a round's aggregate into theta_global."""
-        self._load_global()
+        """Every rank, once rank 0 merged a round's aggregate into theta_global. Batches
+        trained since our last send are in no aggregate yet: a straggler's, whose round
+        was aggregated at a quorum without it (upstream's grace time), or training that
+        went on while the aggregate was late. The model keeps them on top of the update
+        (theta_local += u, so theta_local - theta_global is still their drift) and the
+        window stays open: they are counted, once, in the next sent update."""
+        if self.window.batches:
+            self._rebase_local()
+        else:
+            self._load_global()
+            self._close_window()  # an empty one: its clock starts again from here
         self.round += 1
         self.aggregate_due = self.aggregate_late = False
-        self._close_window()  # what was trained before it is gone from the model
+
+    def _rebase_local(self) -> None:
+        """Every rank: theta_local += u, u the update rank 0 just merged."""
+        import torch
+
+        local = self.weights.gather()  # a collective
+        update, self.straggler_update = self.straggler_update, {}
+        moved = {}
+        for name, tensor in local.items():
+            delta = update.get(name)
+            here = tensor.detach().to("cpu")
+            if delta is None:
+                moved[name] = here.clone()
+            elif here.dtype == torch.bool:
+                moved[name] = here ^ delta.to(torch.bool)
+            elif here.is_floating_point():
+                moved[name] = (here.float() + delta.float()).to(here.dtype)
+            else:  # as merge_update treats an integer tensor
+                moved[name] = here + delta.to(here.dtype)
+        del local
+        self.weights.load(moved)
 
     def receive_model(self, source: ActionPeersReference, deadline: float) -> Status:
         """A late joiner's start: a peer's theta_global as the whole state."""

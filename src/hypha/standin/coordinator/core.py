@@ -22,7 +22,9 @@ from pydantic import ValidationError
 
 from hypha.accelerate_executor.bridge.actions import (
     ACTION_REQUEST,
+    BatchCompletedStatus,
     ErrorStatus,
+    SendModel,
     SentUpdateStatus,
     action_response,
 )
@@ -104,6 +106,9 @@ class CoordinatorCore:
             closed=self._round_closed,
             failed=self.cancel,
             reported=self._reported_sent,
+            quorum=options.quorum,
+            grace_s=options.grace_s,
+            clock=clock,
         )
         self._printed_rounds: set[int] = set()
         self.digest_mismatches: list[str] = []  # action era, see _compare_digest
@@ -288,13 +293,34 @@ class CoordinatorCore:
                 raise CoordinatorRefusal(400, "invalid_request", "the request is for another job")
             status = message.status.details
             match status:
+                case BatchCompletedStatus(batches=batches):
+                    final_is_out = self.actions.aggregated_updates and (
+                        self.actions.round >= self.options.rounds - 1
+                    )
+                    if final_is_out:
+                        record.batches_past_end += batches
+                    else:
+                        record.batches_completed += batches
+                    record.batches_unsent += batches
                 case SentUpdateStatus(round=applied, metrics=sent):
+                    counted = int(sent.get("batches", record.batches_unsent))
+                    if counted != record.batches_unsent:
+                        self._violation(
+                            record,
+                            f"a sent-update counted {counted} batches; its batch-completed "
+                            f"statuses reported {record.batches_unsent} since the last one",
+                        )
+                    record.batches_sent += counted
+                    record.batches_unsent = 0
                     self._close_rounds_applied_silently(record, applied)
                     # Keyed by the scheduler's round, as upstream's metrics are: a late
                     # joiner's own count starts at its first round.
                     metrics = {key: float(value) for key, value in sent.items()}
                     record.metrics[self.actions.round] = metrics
-                    self._compare_digest(record, self.actions.round)
+                    if "global_digest" in metrics:
+                        self._compare_digest(
+                            record, record.model_base + applied, metrics["global_digest"]
+                        )
                     self._print_rounds()
                 case ErrorStatus(type=kind, message=text):
                     warn(self.name, f"{record.name} reports {kind}: {text}")
@@ -304,6 +330,12 @@ class CoordinatorCore:
                 record.round.received_at = time.time()
                 record.rounds.append(RoundRecord(record.round.index + 1))
             action = self.actions.answer(record.peer_id, status)
+            if isinstance(action, SendModel):
+                # The joiner gets this worker's global model, with the aggregates it applied.
+                applied_here = sum(r.received_at is not None for r in record.rounds)
+                for joiner in self.workers.values():
+                    if joiner.peer_id in action.target.peers:
+                        joiner.model_base = record.model_base + applied_here
             # A late joiner that now waits for a model is no longer waited for.
             self.aggregation.maybe_start()
             return action_response(job_id, action)
@@ -312,21 +344,20 @@ class CoordinatorCore:
         record.violations.append(what)
         warn(self.name, f"{record.name} broke the protocol: {what}")
 
-    def _compare_digest(self, record: WorkerRecord, round_index: int) -> None:
-        """Each worker's global model in a round, as its `sent-update`'s `global_digest`
-        states it, is the one every other worker holds: each applied every aggregate, once,
-        in its round. A difference is warned of and listed in the summary; not yet a
-        verdict's failure: a late joiner whose first update lands after its round's
-        aggregation still misses an aggregate (a known race of the stand-in's joiners)."""
-        mine = record.metrics[round_index].get("global_digest")
-        if mine is None:
-            return  # an executor that does not state it
+    def _compare_digest(self, record: WorkerRecord, aggregates: int, digest: float) -> None:
+        """Each worker's global model after `aggregates` aggregates, as its `sent-update`'s
+        `global_digest` states it, is the one every other worker held after as many: each
+        applied every aggregate, once, in order. Keyed by the aggregates, not the
+        scheduler's round: an update that missed its round's aggregate is reported in the
+        next round with the model of the one before. A difference is warned of and listed
+        in the summary (report.py fails the run on it)."""
+        record.digests[aggregates] = digest
         for other in self.workers.values():
-            theirs = other.metrics.get(round_index, {}).get("global_digest")
-            if other is not record and theirs is not None and theirs != mine:
+            theirs = other.digests.get(aggregates)
+            if other is not record and theirs is not None and theirs != digest:
                 text = (
-                    f"{record.name}'s global model in round {round_index} (digest "
-                    f"{int(mine):06x}) differs from {other.name}'s ({int(theirs):06x})"
+                    f"{record.name}'s global model after {aggregates} aggregate(s) (digest "
+                    f"{int(digest):06x}) differs from {other.name}'s ({int(theirs):06x})"
                 )
                 self.digest_mismatches.append(text)
                 warn(self.name, text)
@@ -339,7 +370,10 @@ class CoordinatorCore:
         if peer in self._broadcast_to:
             self._broadcast_to.discard(peer)
             if not self._broadcast_to and self.actions is not None:
-                self.actions.broadcasted()
+                # An update that missed this aggregate is the next one's: its sender's
+                # `sent-update` stays recorded, so it is not asked to send again.
+                carried = {self.workers[job].peer_id for job in self.aggregation.pending_jobs()}
+                self.actions.broadcasted(keep_sent=carried)
                 self._cond.notify_all()
 
     def _print_rounds(self) -> None:
@@ -393,11 +427,11 @@ class CoordinatorCore:
         pool = set(self.actions.senders())
         return [job for job in running if self.workers[job].peer_id in pool]
 
-    def _reported_sent(self, jobs: list[str]) -> bool:
-        """Under the lock: whether each job's `sent-update` has reached the scheduler."""
-        if self.actions is None or self.options.broadcast_ends_when == "applied":
-            return True  # the round cannot advance before every applied-update anyway
-        return all(self.workers[job].peer_id in self.actions.sent for job in jobs)
+    def _reported_sent(self, jobs: list[str]) -> list[str]:
+        """Under the lock: those of `jobs` whose `sent-update` has reached the scheduler."""
+        if self.actions is None:
+            return jobs  # alpha.17: every worker's update is waited for
+        return [job for job in jobs if self.workers[job].peer_id in self.actions.sent]
 
     def _round_closed(self, aggregation: dict[str, Any]) -> None:
         """Under the lock: the update is out, so the scheduler starts the next round."""

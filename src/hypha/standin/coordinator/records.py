@@ -42,6 +42,24 @@ class WorkerRecord:
     rounds: list[RoundRecord] = field(default_factory=lambda: [RoundRecord(0)])
     # Keyed by the round number the executor reports.
     metrics: dict[int, dict[str, float]] = field(default_factory=dict)
+    # Action era: how many aggregates the model a late joiner received had been through
+    # (the sender's applied ones), and the `global_digest` of each sent update keyed by the
+    # aggregates its global model had been through (this base plus the executor's round).
+    model_base: int = 0
+    digests: dict[int, float] = field(default_factory=dict)
+    # Action era: the batches its `batch-completed` statuses reported, and those its
+    # `sent-update`s counted; equal when no trained batch was lost or counted twice (but for
+    # those trained after its last send, when the job ended first).
+    batches_completed: int = 0
+    batches_sent: int = 0
+    # Those trained once the final aggregate was out: upstream's scheduler answers an
+    # `applied-update` before the broadcast is over with `execute-batch`, even the last
+    # round's, and no update follows it.
+    batches_past_end: int = 0
+    # Reported since its last `sent-update`: what that update must count, and, at the end,
+    # what it trained that no update carried (past the end, or in a final round aggregated
+    # at the quorum without it).
+    batches_unsent: int = 0
     slices: list[int] = field(default_factory=list)
     exit_code: int | None = None
     leaks: list[str] = field(default_factory=list)

@@ -1,6 +1,8 @@
-"""The parameter server's side of a round, around its math (server.py): wait for
-one pseudo-gradient from every running worker, average them in the background, and queue
-the update for every worker's bridge to pick up as a push."""
+"""The parameter server's side of a round, around its math (server.py): wait for a
+pseudo-gradient from every running worker, or from a quorum of them once a grace time has
+passed (upstream's rule), average them in the background, and queue the update for every
+worker's bridge to pick up as a push. An update that misses its round's aggregate stays
+pending and goes into the next one."""
 
 from __future__ import annotations
 
@@ -29,11 +31,20 @@ class Aggregation:
         senders: Callable[[], list[str] | None],
         closed: Callable[[dict[str, Any]], None],
         failed: Callable[[str], None],
-        reported: Callable[[list[str]], bool] = lambda jobs: True,
+        reported: Callable[[list[str]], list[str]] = lambda jobs: jobs,
+        quorum: int | None = None,
+        grace_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """`reported(jobs)`: whether the scheduler has heard every sender's `sent-update`."""
+        """`reported(jobs)`: those of `jobs` whose `sent-update` the scheduler has heard.
+        `quorum` (None: every sender) and `grace_s`: see maybe_start."""
         self.peer = peer
         self._reported = reported
+        self.quorum = quorum
+        self.grace_s = grace_s
+        self._clock = clock
+        self._first_at: float | None = None  # the round's first reported update
+        self._timer: threading.Timer | None = None
         self.rounds: list[dict[str, Any]] = []
         self.optimizer = optimizer
         self._lock = lock
@@ -53,20 +64,49 @@ class Aggregation:
         return first
 
     def maybe_start(self) -> None:
-        """Starts the average once every running job has sent its file."""
+        """Starts the average once every sender's update is in, or, as upstream's
+        scheduler decides (rl_scheduler.rs, index id 66840749586), once `quorum` of them
+        (at most all) are in and `grace_s` has passed since the first. An update counts as
+        in once its file is here and its `sent-update` has reached the scheduler: upstream
+        aggregates on the scheduler's record of who sent, and a round closed on a file
+        alone would leave its `sent-update` to be counted in the next round. The updates
+        left out stay pending, for the next round."""
         senders = self._senders()
-        if self._busy or not self._pending or senders is None:
+        if self._busy or not self._pending or senders is None or not senders:
             return
-        if any(job not in self._pending for job in senders):
+        ready = self._reported([job for job in senders if job in self._pending])
+        if not ready:
             return
-        # Upstream's scheduler tells its parameter server to aggregate only once every
-        # worker's `sent-update` is in (rl_scheduler.rs, index id 66469012466); a round
-        # closed before that would count a late `sent-update` in the next round.
-        if not self._reported(senders):
-            return
-        files, self._pending = self._pending, {}
+        if len(ready) < len(senders):
+            now = self._clock()
+            if self._first_at is None:
+                self._first_at = now
+            if self.quorum is None or len(ready) < min(self.quorum, len(senders)):
+                return
+            if now - self._first_at < self.grace_s:
+                self._wake_at(self._first_at + self.grace_s - now)
+                return
+        files = {job: self._pending.pop(job) for job in ready}
+        self._first_at = None
         self._busy = True
         threading.Thread(target=self._average, args=(files,), daemon=True).start()
+
+    def _wake_at(self, delay_s: float) -> None:
+        """Looks again once the grace time is over (no status may come to prompt it)."""
+        if self._timer is not None and self._timer.is_alive():
+            return
+
+        def wake() -> None:
+            with self._lock:
+                self.maybe_start()
+
+        self._timer = threading.Timer(delay_s, wake)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def pending_jobs(self) -> list[str]:
+        """The jobs whose update waits for the next round's aggregate."""
+        return list(self._pending)
 
     def forward(self, job_id: str, from_peer: str, data: bytes) -> None:
         """Queues a file a worker sent to another (a model for a late joiner)."""

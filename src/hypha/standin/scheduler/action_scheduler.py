@@ -160,8 +160,8 @@ class ActionScheduler:
     def add_worker(self, peer: str, batch_size: int) -> None:
         """A new pool member. One that comes after round 0 waits for the model from here on:
         upstream marks it at its `joined`, but until then its quorum and grace period let
-        a round go without it, and the stand-in's parameter server waits for every worker
-        not waiting for a model."""
+        a round go without it; the stand-in's parameter server, which plays that quorum too
+        (parameter_server/aggregation.py), would wait for it until the grace time ran out."""
         self.workers[peer] = _Worker(batch_size, waiting_for_model=self.round > 0)
 
     def remove_worker(self, peer: str) -> None:
@@ -181,11 +181,12 @@ class ActionScheduler:
             worker.applied_update = False
         return list(self.workers)
 
-    def broadcasted(self) -> None:
-        """Every target has the update (`broadcasted-update`): the next round starts."""
+    def broadcasted(self, keep_sent: set[str] | frozenset[str] = frozenset()) -> None:
+        """Every target has the update (`broadcasted-update`): the next round starts.
+        `keep_sent`: the senders whose update missed this aggregate and goes into the next."""
         for worker in self.workers.values():
             worker.samples = 0
-        self.sent.clear()
+        self.sent &= set(keep_sent)
         self.round += 1
         self.training_complete = self.training_complete or self.round >= self.rounds
         if self.training_complete:
@@ -213,7 +214,11 @@ class ActionScheduler:
         if state == "joined":
             if self.round == 0:
                 return self._idle(SHORT_IDLE_S)
-            worker.waiting_for_model = True
+            # The stand-in marks a joiner waiting from its assignment (add_worker), so a
+            # peer may have been told to send it the model before its executor said
+            # `joined`: marked again, it would be sent a second model it never receives,
+            # and be left out of the rounds it trains in (their aggregates missed).
+            worker.waiting_for_model = worker.receiving_from is None
             return WaitForModel(self._deadline(WAIT_FOR_MODEL_S))
         if state == "waited-for-model":
             sender, worker.receiving_from = worker.receiving_from, None
@@ -293,8 +298,12 @@ class ActionScheduler:
         return SendUpdate(peers(servers[:1], "One"), contribution / self.count)
 
     def _batches(self, peer: str) -> int:
-        """1 until every pool member has a mean; then its count in the simulation."""
-        pool = list(self.workers.values())
+        """1 until every pool member has a mean; then its count in the simulation. A member
+        whose update is already in (one that missed the last aggregate, carried into this
+        round) trains no more this round: played forward, its stale clock would take every
+        batch left, and the others would be told `execute-batch{0}` for ever."""
+        members = [p for p in self.workers if p not in self.sent or p == peer]
+        pool = [self.workers[p] for p in members]
         means = [w.mean.value for w in pool]
         if not pool or not all(0 < mean < UNSET_MEAN for mean in means):
             return 1
@@ -305,7 +314,7 @@ class ActionScheduler:
             self.target_samples - self.count,
             self.multi_batch_size,
         )
-        return simulation.batches[list(self.workers).index(peer)]
+        return simulation.batches[members.index(peer)]
 
     def _parameter_servers(self) -> list[str]:
         return [] if self.parameter_server is None else [self.parameter_server]
