@@ -108,7 +108,7 @@ def _run_options_parser() -> OneLineArgumentParser:
     run.add_argument(
         "--outer-momentum",
         type=float,
-        help="parameter server Nesterov momentum (causal-lm 0.9, lenet 0.5)",
+        help="parameter server Nesterov momentum (0.9)",
     )
     run.add_argument(
         "--out",
