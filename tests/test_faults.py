@@ -162,6 +162,29 @@ def test_a_peer_killed_mid_round_the_others_finish_and_a_replacement_gets_the_mo
     assert workers["w3"]["exit_code"] == 0 and "[w3] received the model from a peer" in out
 
 
+@pytest.mark.slow
+def test_the_schedulers_own_error_ends_the_job_cleanly(
+    assets_dir: Path, tmp_path: Path, short_tmp: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Upstream's scheduler answers a request it failed to handle with a gymnasium
+    `terminate`: worker 1's bridge passes that answer on mid-round (its 40th update), and
+    the executor ends the job in one line, exit 0, as the scheduler asked, not as a failure
+    of its own. Worker 2 trains on."""
+    options = RunOptions(workers=2, rounds=ROUNDS, steps_per_round=20, generation="actions")
+    run_demo(
+        options, preset("process"), out_dir=tmp_path / "out", work_base=short_tmp,
+        assets_dir=assets_dir, timeout_s=600,
+        faults=(parse_fault("/action/update=scheduler-error:40"),),
+    )  # fmt: skip
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    out = capsys.readouterr().out
+    assert "[w1 bridge] fault on demand: /action/update answered 200 scheduler-error" in out
+    assert "[w1] the scheduler ended the job: it failed handling our request" in out
+    workers = summary["workers"]
+    assert workers["w1"]["exit_code"] == 0 and workers["w1"]["violations"] == []
+    assert workers["w2"]["exit_code"] == 0
+
+
 @pytest.mark.parametrize(
     ("text", "problem"),
     [
@@ -175,6 +198,8 @@ def test_a_peer_killed_mid_round_the_others_finish_and_a_replacement_gets_the_mo
         ("/resources/receive=slow", r"expected /resources/receive=slow:SECONDS\[:TIMES\]"),
         ("/resources/receive=slow:soon", "SECONDS is a number"),
         ("/resources/receive=busy:1:2", r"expected /resources/receive=busy\[:TIMES\]"),
+        ("/status/send=scheduler-error", "scheduler-error is a fault of /action/update only"),
+        ("/action/update=scheduler-error:x", r"scheduler-error\[:AFTER\], AFTER a count"),
     ],
 )
 def test_a_fault_written_wrong_is_refused_by_name(text: str, problem: str) -> None:
@@ -199,6 +224,10 @@ def test_faults_count_down_per_route() -> None:
     assert plan.take("/resources/fetch", data_slice=True) is None
     slow = parse_fault("/resources/receive=slow:2.5:3")
     assert (slow.seconds, slow.times, slow.served) == (2.5, 3, True)
+    # A scheduler error comes after AFTER requests served, once.
+    plan = FaultPlan((parse_fault("/action/update=scheduler-error:2"),))
+    taken = [plan.take("/action/update") for _ in range(4)]
+    assert [fault and fault.error for fault in taken] == [None, None, "scheduler-error", None]
 
 
 def bridge_client(bridge: Any, job_json: str) -> ActionBridgeClient:

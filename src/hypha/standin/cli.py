@@ -163,7 +163,7 @@ def _worker_options_parser() -> OneLineArgumentParser:
         "with this error, as a worker whose remote side is unreachable does; repeatable, e.g. "
         "/resources/send=500:connector_error:1; also ROUTE=kill, /resources/receive=busy[:TIMES], "
         "/resources/receive=slow:SECONDS[:TIMES], /resources/fetch=truncated[:TIMES], "
-        "/resources/receive=cut[:TIMES] (docs/faults.md)",
+        "/resources/receive=cut[:TIMES], /action/update=scheduler-error[:AFTER] (docs/faults.md)",
     )
     worker.add_argument(
         "--as-user",

@@ -152,7 +152,16 @@ class PushToHub:
 
 @dataclass(frozen=True)
 class Terminate:
-    pass
+    # Why, where it is not the job's end: the scheduler's own failure.
+    reason: str = ""
+
+
+# What upstream's scheduler answers, whatever the executor, when handling a request fails
+# inside it (rl_scheduler.rs, index id 66469012466): the job is over, by no fault of ours.
+SCHEDULER_FAILED = (
+    "the scheduler ended the job: it failed handling our request and answered a gymnasium "
+    "`terminate`, its answer to an error of its own"
+)
 
 
 Action = (
@@ -219,12 +228,14 @@ def parse_action_response(value: Any, job_id: str) -> Action:
     if value.get("job_id") != job_id:
         raise SchedulerError("the scheduler answered for another job")
     next_ = value["next"]
+    body = next_.get("action")
+    gymnasium = next_.get("executor") == "gymnasium"
+    if gymnasium and isinstance(body, dict) and body.get("kind") == "terminate":
+        return Terminate(SCHEDULER_FAILED)
     if next_.get("executor") != "train":
-        # rl_scheduler answers an internal error with a gymnasium `terminate`.
         raise SchedulerError(
             f"the scheduler sent an action for a {next_.get('executor')!r} executor"
         )
-    body = next_.get("action")
     kind = body.get("kind") if isinstance(body, dict) else None
     if not isinstance(kind, str) or not isinstance(body, dict):
         raise SchedulerError("the scheduler's action has no kind")

@@ -247,7 +247,9 @@ class ActionTrainer(Workbench):
                 return self.send_model(target)
             case PushToHub(repository=repository, token=token):
                 return self.push_to_hub(repository, token)
-            case Terminate():
+            case Terminate(reason=reason):
+                if reason:
+                    self.say(reason)
                 self.keep_model()
                 return None
         raise AssertionError(f"no action on rank {self.ranks.index}")  # share() gave None

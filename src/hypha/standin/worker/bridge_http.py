@@ -92,7 +92,7 @@ class _Handler(BaseHTTPRequestHandler):
             )
             fault = self.server.faults.take(path, data_slice)
             if fault is not None and not fault.served:
-                self._answer_fault(path, fault)
+                self._answer_fault(path, fault, raw)
                 return
             if path == "/resources/fetch":
                 reference = deserialized(bodies.BODY_REFERENCE, raw)
@@ -129,7 +129,7 @@ class _Handler(BaseHTTPRequestHandler):
         except BridgeRefusal as exc:
             self._reply(exc.status, exc.body, exc.content_type)
 
-    def _answer_fault(self, path: str, fault: Fault) -> None:
+    def _answer_fault(self, path: str, fault: Fault, request: object) -> None:
         """A fault on demand (faults.py): its error answered, or the executor killed."""
         if fault.kills:
             pid = kill_sender(self.connection)
@@ -137,7 +137,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         say(self.bridge.name, f"fault on demand: {path} answered {fault.status} {fault.error}")
-        self._reply(fault.status, fault.body, "application/json" if fault.body else None)
+        job_id = request.get("job_id") if isinstance(request, dict) else None
+        body = fault.body_for(job_id)
+        self._reply(fault.status, body, "application/json" if body else None)
 
     def do_PUT(self) -> None:
         self._reply(405 if self.path in self.routes else 404, b"", None)

@@ -19,7 +19,10 @@ the answer may come long after the deadline; `/resources/fetch=truncated[:TIMES]
 first TIMES fetches of data slices with the file cut to half its bytes, as upstream's bridge returns a slice that a failed
 download left truncated in its `artifacts/` cache (it returns a cached file unchecked); and
 `/resources/receive=cut[:TIMES]` ends alpha.17's receive stream after its first event, a
-stream that breaks mid-job.
+stream that breaks mid-job. And `/action/update=scheduler-error[:AFTER]` serves the route's
+first AFTER requests (default 0), then answers the next with what upstream's scheduler
+answers when handling a request fails inside it (rl_scheduler.rs, index id 66469012466): a
+gymnasium executor's `terminate`, for any executor.
 """
 
 from __future__ import annotations
@@ -39,12 +42,14 @@ BUSY = "busy"
 SLOW = "slow"
 TRUNCATED = "truncated"
 CUT = "cut"
+SCHEDULER_ERROR = "scheduler-error"
 # The faults the bridge plays itself, and the one route each is for.
 PLAYED = {
     BUSY: "/resources/receive",
     SLOW: "/resources/receive",
     CUT: "/resources/receive",
     TRUNCATED: "/resources/fetch",
+    SCHEDULER_ERROR: "/action/update",
 }
 ROUTES = (
     "/resources/fetch",
@@ -62,6 +67,7 @@ class Fault:
     error: str
     times: int = 1
     seconds: float = 0.0  # how long a `slow` receive takes to write its file
+    after: int = 0  # how many of the route's requests are served before the fault
 
     @property
     def kills(self) -> bool:
@@ -71,6 +77,12 @@ class Fault:
     def served(self) -> bool:
         """Served, with a twist the bridge itself plays (JobBridge.receive_one, fetch)."""
         return self.error in (SLOW, TRUNCATED, CUT)
+
+    def body_for(self, job_id: object) -> bytes:
+        if self.error == SCHEDULER_ERROR:
+            terminate = {"executor": "gymnasium", "action": {"kind": "terminate"}}
+            return json.dumps({"job_id": job_id, "next": terminate}).encode()
+        return self.body
 
     @property
     def body(self) -> bytes:
@@ -106,6 +118,10 @@ def _played_fault(text: str, route: str, parts: list[str]) -> Fault:
     kind, rest = parts[0], parts[1:]
     if route != PLAYED[kind]:
         raise UsageError(f"fault {text!r}: {kind} is a fault of {PLAYED[kind]} only")
+    if kind == SCHEDULER_ERROR:
+        if len(rest) > 1 or not all(part.isdigit() for part in rest):
+            raise UsageError(f"fault {text!r}: expected {route}={kind}[:AFTER], AFTER a count")
+        return Fault(route, 200, kind, after=int(rest[0]) if rest else 0)
     try:
         seconds = float(rest.pop(0)) if kind == SLOW and rest else -1.0
         times = int(rest.pop(0)) if rest else 1
@@ -123,6 +139,7 @@ class FaultPlan:
     def __init__(self, faults: tuple[Fault, ...] = ()) -> None:
         self._faults = {fault.route: fault for fault in faults}
         self._left = {fault.route: fault.times for fault in faults}
+        self._to_serve = {fault.route: fault.after for fault in faults}
         self._lock = threading.Lock()
 
     def take(self, route: str, data_slice: bool = False) -> Fault | None:
@@ -133,6 +150,9 @@ class FaultPlan:
             if self._left.get(route, 0) == 0:
                 return None
             if self._faults[route].error == TRUNCATED and not data_slice:
+                return None
+            if self._to_serve[route] > 0:
+                self._to_serve[route] -= 1
                 return None
             self._left[route] -= 1
             return self._faults[route]
