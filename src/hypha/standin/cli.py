@@ -130,10 +130,13 @@ def _worker_options_parser() -> OneLineArgumentParser:
     worker = parser.add_argument_group("worker")
     worker.add_argument(
         "--executor",
-        default="process",
+        action="append",
+        default=[],
         help="process (python -m ...training), shim (hypha-accelerate run --variant cpu), "
-        "shim:VARIANT or toml:PATH "
-        "(the first train/process [[executors]] entry of a worker TOML); default process",
+        "shim:VARIANT or toml:PATH (the first train/process [[executors]] entry of a worker "
+        "TOML: a command of your own); default process. The demo takes one per worker, in "
+        "order, the last serving the rest (a mixed pool); a worker takes the last; empty "
+        "values are ignored",
     )
     worker.add_argument(
         "--trust-remote-code",
@@ -296,10 +299,12 @@ def _with_run_options(args: argparse.Namespace) -> int:
         from hypha.standin.worker.executor_entries import executor_entry
 
         trust = args.trust_remote_code or options.job == "lenet"
-        executor = executor_entry(args.executor, trust_remote_code=trust)
+        executors = [
+            executor_entry(spec, trust_remote_code=trust) for spec in _executor_specs(args)
+        ]
         return run_demo(
             options,
-            executor,
+            executors,
             out_dir=args.out,
             work_base=args.work_base,
             assets_dir=args.assets,
@@ -330,6 +335,12 @@ def _with_run_options(args: argparse.Namespace) -> int:
     return EXIT_OK if passed else EXIT_FAILED
 
 
+def _executor_specs(args: argparse.Namespace) -> list[str]:
+    """The --executor values given, empty ones left out (compose passes one for a worker
+    whose own executor is not set), or the default."""
+    return [spec for spec in args.executor if spec] or ["process"]
+
+
 def _fault(text: str) -> Fault:
     try:
         return parse_fault(text)
@@ -344,7 +355,10 @@ def _worker(args: argparse.Namespace) -> int:
 
     worker = LocalWorker(
         args.name,
-        executor_entry(args.executor, trust_remote_code=args.trust_remote_code),
+        executor_entry(
+            os.environ.get("HYPHA_WORKER_EXECUTOR") or _executor_specs(args)[-1],
+            trust_remote_code=args.trust_remote_code,
+        ),
         args.work_base,
         owner=args.as_user,
         keep_work_dir=args.keep_work_dir,

@@ -11,7 +11,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from types import FrameType
@@ -69,7 +69,7 @@ def supervise(coordinator: Coordinator, finished: Callable[[], bool], timeout_s:
 
 def run_demo(
     options: RunOptions,
-    executor: ExecutorEntry,
+    executor: ExecutorEntry | Sequence[ExecutorEntry],
     *,
     out_dir: Path,
     work_base: Path,
@@ -82,7 +82,9 @@ def run_demo(
     hub_standin: bool = False,
     faults: tuple[Fault, ...] = (),
 ) -> int:
-    """`push_destination` (repository, token): the job's model_destination, pushed to the
+    """`executor`: what every worker runs, or one entry per worker in order, the last one
+    serving the rest (a pool of different executors, as on a real network).
+    `push_destination` (repository, token): the job's model_destination, pushed to the
     Hub HF_ENDPOINT names, or with `hub_standin` to a loopback Hub stand-in (standin/hub.py)
     whose files are then listed."""
     say("demo", f"preparing the {options.job} job's model and data (generated once, then cached)")
@@ -95,8 +97,9 @@ def run_demo(
             # Where the executors push (the stand-in speaks basic LFS only, not xet).
             push_env = {"HF_ENDPOINT": hub.url, "HF_HUB_DISABLE_XET": "1"}
             say("demo", f"Hub stand-in at {hub.url}: the final model goes to {push_destination[0]}")
+        pool = (executor,) if isinstance(executor, ExecutorEntry) else tuple(executor)
         code = _run(
-            options, executor, catalog, out_dir, work_base, owner, timeout_s, keepalive_s,
+            options, pool, catalog, out_dir, work_base, owner, timeout_s, keepalive_s,
             strict_receive, push_destination, push_env, faults,
         )  # fmt: skip
         if hub is not None and push_destination is not None:
@@ -113,7 +116,7 @@ def run_demo(
 
 def _run(
     options: RunOptions,
-    executor: ExecutorEntry,
+    pool: tuple[ExecutorEntry, ...],
     catalog: Catalog,
     out_dir: Path,
     work_base: Path,
@@ -131,8 +134,9 @@ def _run(
         "demo",
         f"coordinator at {coordinator.url}: {options.job} job, {options.workers} workers x "
         f"{options.rounds} rounds of {options.target_samples} samples (batch {options.batch_size}), "
-        f"{options.generation} bridges, "
-        f"executor: {executor.cmd} {' '.join(executor.args[:2])} ...",
+        f"{options.generation} bridges, executor"
+        + ("s: " if len(pool) > 1 else ": ")
+        + "; ".join(f"{entry.cmd} {' '.join(entry.args[:2])} ..." for entry in pool),
     )
     client = CoordinatorClient(coordinator.url)
 
@@ -149,7 +153,7 @@ def _run(
     workers = [
         LocalWorker(
             f"w{index + 1}",
-            executor,
+            pool[min(index, len(pool) - 1)],
             work_base,
             owner=owner,
             keepalive_s=keepalive_s,

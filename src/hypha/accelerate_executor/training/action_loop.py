@@ -38,7 +38,6 @@ way, and stepped on when the answer is `execute-batch`, dropped when not.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -416,12 +415,11 @@ class ActionTrainer(Workbench):
         expected = len(self.global_weights.tensors)
         if held < expected:
             round_number = self.round + 1
-            print(
+            # On stdout, the log the later releases' runtime keeps (it keeps no stderr).
+            self.say(
                 f"warning: round {round_number}'s update held {held} of {expected} tensors; "
                 "the others did not move (does every peer send the same dtype? "
-                "HYPHA_PSEUDO_GRADIENT_DTYPE)",
-                file=sys.stderr,
-                flush=True,
+                "HYPHA_PSEUDO_GRADIENT_DTYPE)"
             )
             telemetry.round_ended(
                 {"round": float(round_number), "update_tensors_held": float(held),

@@ -6,6 +6,10 @@ Upstream averages pairwise, which is the mean only for two workers; this compute
 true mean over any number. Math runs in fp32 and the update keeps the pseudo-gradients'
 dtype, so bf16 workers get a bf16 update.
 
+Like Hypha's, it adds only tensors of one name, shape and dtype (upstream's
+`apply_tensor_op`): a tensor that one worker sends in bfloat16 and another in float32 is left
+out of the update, and the workers' models do not move there.
+
 Non-floating tensors are treated as Hypha's parameter server (candle) treats them: those it
 can load keep their dtype and see the scalars (1/n, momentum, learning rate) truncated to
 integers, so with a learning rate below 1 their update is zeros; those it cannot load are
@@ -104,6 +108,9 @@ def true_mean(
             continue
         if any(other is not None and other.shape != tensor.shape for other in tensors):
             skipped.append(f"{name} (shapes differ)")
+            continue
+        if any(other is not None and other.dtype != tensor.dtype for other in tensors):
+            skipped.append(f"{name} (dtypes differ)")
             continue
         if tensor.dtype in UNLOADABLE:
             skipped.append(
