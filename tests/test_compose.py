@@ -123,3 +123,17 @@ def test_compose_cluster_trains_and_leaves_nothing_behind(
             ["docker", "ps", "-aq", "--filter", f"label={label}"], capture_output=True, text=True
         ).stdout
         assert executors == "", f"executor containers of {label} remain: {executors}"
+
+
+def test_a_worker_can_run_another_executor_for_a_mixed_pool() -> None:
+    """HYPHA_WORKER_2_EXECUTOR: w2's executor instead of the image through the shim; w1 keeps
+    the shim (an empty HYPHA_WORKER_EXECUTOR is no override)."""
+    environment = {**os.environ, "HYPHA_WORKER_2_EXECUTOR": "process"}
+    environment.pop("HYPHA_WORKER_1_EXECUTOR", None)
+    done = subprocess.run(
+        [*compose_command(), "config"], cwd=REPO, env=environment, capture_output=True,
+        text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "HYPHA_WORKER_EXECUTOR: process" in done.stdout
+    assert "HYPHA_WORKER_EXECUTOR: ''" in done.stdout
