@@ -142,7 +142,9 @@ class Supervisor:
         on_output: Callable[[bytes], object] | None = None,
         on_error: Callable[[bytes], object] | None = None,
         stdin: int | None = subprocess.DEVNULL,
+        user: tuple[int, int] | None = None,
     ) -> subprocess.Popen[bytes]:
+        """`user` (uid, gid): the child runs as that user, without this one's groups."""
         process = subprocess.Popen(
             list(argv),
             env=dict(env),
@@ -150,6 +152,9 @@ class Supervisor:
             stdout=subprocess.PIPE if on_output else None,
             stderr=subprocess.PIPE if on_error else None,
             start_new_session=True,
+            user=user[0] if user else None,
+            group=user[1] if user else None,
+            extra_groups=[] if user else None,
         )
         self.process = process
         threading.Thread(target=self._await_exit, args=(process.pid,), daemon=True).start()

@@ -28,6 +28,10 @@ class ExecutorEntry:
     cmd: str
     args: tuple[str, ...]
     env: tuple[tuple[str, str], ...] = ()
+    # Runs as the work dir's owner when the worker is root (compose's, which is root only to
+    # reach the engine's socket), as a Hypha worker runs its executors as its own user; the
+    # shim stays root there, to reach the socket, and runs the container as the owner.
+    as_owner: bool = False
 
 
 def preset(name: str, *, trust_remote_code: bool = False) -> ExecutorEntry:
@@ -40,7 +44,10 @@ def preset(name: str, *, trust_remote_code: bool = False) -> ExecutorEntry:
     if name == "process":
         env = (("HYPHA_TRUST_REMOTE_CODE", "1"),) if trust_remote_code else ()
         return ExecutorEntry(
-            sys.executable, ("-m", "hypha.accelerate_executor.training", *EXECUTOR_ARGS), env
+            sys.executable,
+            ("-m", "hypha.accelerate_executor.training", *EXECUTOR_ARGS),
+            env,
+            as_owner=True,
         )
     if name == "shim" or name.startswith("shim:"):
         variant = name.partition(":")[2] or "cpu"

@@ -164,11 +164,15 @@ class LocalWorker:
                 # Its own process group: a Ctrl-C at the terminal reaches this process, which
                 # cancels the job the worker's way, and not the executor directly.
                 env = {**os.environ, **dict(self.executor.env), **self.env}
+                as_owner = self.executor.as_owner and self.owner and os.geteuid() == 0
+                if as_owner:
+                    env["HOME"] = str(work_dir)  # root's HOME is not the owner's to write
                 supervisor.start(
                     argv,
                     {**env, **telemetry_env(self.name, env), **values},
                     on_output=on_output if with_status else echo.feed,
                     on_error=err.feed if with_status else None,
+                    user=self.owner if as_owner else None,
                 )
             except OSError as exc:
                 raise WorkerError(
