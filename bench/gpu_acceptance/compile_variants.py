@@ -24,6 +24,7 @@ variant, so the losses should agree within bf16 noise), and how many graphs a sh
 from __future__ import annotations
 
 import argparse
+import importlib
 import statistics
 import time
 from collections.abc import Callable
@@ -54,11 +55,11 @@ def graphs_compiled() -> int:
 
 def liger_loss(model: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor] | None:
     """The step's loss through Liger's fused linear cross-entropy, or None without Liger."""
-    try:
-        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+    try:  # an optional wheel of the GPU run's (prepare.sh), not a dependency: no stubs
+        liger = importlib.import_module("liger_kernel.transformers")
     except ImportError:
         return None
-    fused = LigerFusedLinearCrossEntropyLoss()
+    fused = liger.LigerFusedLinearCrossEntropyLoss()
     head = output_head(model)
     assert head is not None
 

@@ -277,7 +277,13 @@ class UpdateInbox:
                             f"over {now - broken_since:.0f} s)"
                         ) from None
                     time.sleep(pause)
-                    self._stream = self._bridge.receive(self._results)
+                    try:
+                        self._stream = self._bridge.receive(self._results)
+                    except BridgeGoneError:
+                        if self._bridge.socket_path.exists():
+                            raise
+                        raise exc from None  # the worker stopped the job meanwhile
+
         except ExecutorError as exc:
             self._files.put(exc)
         except Exception as exc:  # a malformed event must still wake the waiting loop
