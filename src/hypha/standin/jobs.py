@@ -146,7 +146,8 @@ class RunOptions:
 # schedule, and a batch (the scheduler caps it at 600) that does not divide the
 # 1000-sample slices, so batches cross slice boundaries. The outer optimizer is upstream's
 # too (learning rate 0.7, Nesterov momentum 0.9), not a kinder one: on rounds of 8 Adam
-# steps its loss levels off from round 4 (coordinator/report.py judges LeNet by that).
+# steps its loss rises a little around rounds 4-5 before it falls again
+# (coordinator/report.py judges LeNet's 6 rounds by that).
 JOB_DEFAULTS: dict[JobKind, dict[str, Any]] = {
     # Only 15 % of the tokens teach anything per step: a higher rate than causal-lm's, and
     # six rounds (measured, 2 workers in the cpu image: 4.235, 3.823, 3.183, 2.650 in four,
