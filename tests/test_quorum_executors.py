@@ -10,36 +10,20 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from hypha.standin.coordinator.client import CoordinatorClient, JobBackend
+from hypha.standin.coordinator.client import CoordinatorClient
 from hypha.standin.coordinator.report import judge
 from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
 from hypha.standin.data_service.assets import ensure_assets
 from hypha.standin.worker.executor_entries import preset
 from hypha.standin.worker.worker import LocalWorker, serve_one_job
+from test_action_standin import Watched
 
 pytestmark = pytest.mark.slow
 SLOW_S = 3.0  # the slow worker's `sent-update` arrives this late; the grace time is shorter
-
-
-class Delayed:
-    """A job's way to the coordinator whose action statuses pass `before(state)` first."""
-
-    def __init__(self, backend: JobBackend, before: Callable[[str], None]) -> None:
-        self._backend = backend
-        self._before = before
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._backend, name)
-
-    def action(self, request: dict[str, Any]) -> dict[str, Any]:
-        self._before(request["status"]["details"]["state"])
-        return self._backend.action(request)
 
 
 def test_a_slow_workers_updates_land_in_the_next_round_and_nothing_is_lost(
@@ -61,7 +45,7 @@ def test_a_slow_workers_updates_land_in_the_next_round_and_nothing_is_lost(
                 name, preset("process"), short_tmp, env={"OMP_NUM_THREADS": threads}
             )
             before = late_report if name == "w3" else (lambda state: None)
-            backend = lambda job_id: Delayed(client.backend(job_id), before)  # noqa: E731
+            backend = lambda job_id: Watched(client.backend(job_id), before)  # noqa: E731
             codes[name] = serve_one_job(client, worker, backend)
 
         running = [threading.Thread(target=run, args=(f"w{i}",), daemon=True) for i in (1, 2, 3)]
