@@ -1,7 +1,7 @@
 """Rounds against the stand-in playing upstream's order (its parameter server's broadcast
 over once the push is on every bridge, so a worker that sent is told `execute-batch`, not
 `apply-update`): 2 workers x 3 rounds of the demo GPT-2, the scheduler's answers at once or
-late, the speculative step on and off, equal speeds or one worker slower.
+late, the speculative step off, on and auto, equal speeds or one worker slower.
 
     python bench/upstream_rounds.py [--rounds N] [--steps-per-round N] [--smoke]
 
@@ -18,6 +18,10 @@ behind the scheduler's), `execute-batch{0}` answers, samples the scheduler count
 (`batch-completed`) against those the executor trained (`sent-update`'s batches), and real
 samples/s (trained samples from the first `joined` to the last round's last `sent-update`). The ratio is each run's samples/s over
 the speculative-off run of the same delay and speeds, measured in the same invocation.
+
+A round is 150 steps of batch 8 by default, upstream's default job's 1,200 samples between
+updates: about 75 batches a worker, so that `auto` (a warm-up turn and a trial of 40 batches
+before it keeps a way, training.speculative) runs most of a job the way it chose.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from hypha.standin.worker.executor_entries import preset
 from hypha.standin.worker.worker import LocalWorker, serve_one_job
 
 BATCH_SIZE = 8
+SPECULATIVE = ("off", "on", "auto")  # off first: the ratios' baseline
 SLOWER_MS = 40  # unequal: w2's answers this much later than w1's
 
 
@@ -145,7 +150,7 @@ def one_run(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--steps-per-round", type=int, default=20)
+    parser.add_argument("--steps-per-round", type=int, default=150)
     parser.add_argument("--delays", default="0,50", help="answer delays in ms (default 0,50)")
     parser.add_argument("--smoke", action="store_true", help="1 round of 4 steps, at once only")
     arguments = parser.parse_args(argv)
@@ -166,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         for delay in delays:
             for speeds in ("equal", "unequal"):
                 pair = (delay, delay + (SLOWER_MS if speeds == "unequal" else 0))
-                for speculative in ("off", "on"):
+                for speculative in SPECULATIVE:
                     work = Path(base) / f"{delay}-{speeds}-{speculative}"
                     work.mkdir()
                     result = one_run(catalog, options, speculative, pair, work)

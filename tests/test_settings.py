@@ -22,7 +22,10 @@ BAD = {
     "HYPHA_PSEUDO_GRADIENT_DTYPE": ("bogus", "accepted: float32, bfloat16"),
     "HYPHA_BRIDGE_GENERATION": ("alpha18", "accepted: auto, alpha17, actions"),
     "HYPHA_MICRO_BATCH_SIZE": ("0", "accepted: a positive number of samples, or auto"),
-    "HYPHA_SPECULATIVE_STEP": ("maybe", SWITCH),
+    "HYPHA_SPECULATIVE_STEP": (
+        "maybe",
+        "accepted: auto, on, off (also 1, true, yes for on, 0, false, no for off)",
+    ),
     "HYPHA_TRUST_REMOTE_CODE": ("please", SWITCH),
     "HYPHA_COMPILE": ("fast", "accepted: auto, on, off"),
     "HYPHA_MODEL_DIR": ("/dev/null/models", "model dir '/dev/null/models': Not a directory"),

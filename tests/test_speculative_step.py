@@ -71,6 +71,14 @@ INTERLEAVED = [
 ]  # fmt: skip
 
 
+# Long enough for `auto` to warm up, try both ways in turns and decide (speculative.py: a
+# turn is TURN_CYCLES batch cycles), with answers that train nothing among them.
+AUTO_TURNS = [
+    *[batches(1)] * 20, batches(0), idle(), *[batches(1)] * 20, SEND, APPLY,
+    *[batches(1)] * 6, batches(0), batches(2), *[batches(1)] * 8, SEND, TERMINATE,
+]  # fmt: skip
+
+
 def answering(script: list[Action]) -> Callable[[dict[str, Any]], Action]:
     """The scheduler: each status answered with the script's next action, an apply-update
     with a deadline a minute from then."""
@@ -129,6 +137,24 @@ def test_the_speculative_step_trains_bit_for_bit_as_the_blocking_loop(
     assert f"{expected[0]} gradient(s) computed ahead used, {expected[1]} dropped" in last
 
 
+@pytest.mark.slow
+def test_auto_switching_ways_in_turns_trains_bit_for_bit_as_the_blocking_loop(
+    assets_dir: Path, short_tmp: Path
+) -> None:
+    """`auto` turns speculation off and on mid-job (a gradient computed ahead is stepped or
+    dropped across each switch); the arithmetic stays the blocking loop's."""
+    blocking = run(AUTO_TURNS, "off", assets_dir, short_tmp / "blocking")
+    auto = run(AUTO_TURNS, "auto", assets_dir, short_tmp / "auto")
+    assert "speculative step auto: on and off tried in turns" in auto[2]
+    assert _without_rates(auto[0]) == _without_rates(blocking[0])
+    for ours, theirs in zip(auto[1], blocking[1], strict=True):
+        assert same_tensors(ours, theirs)
+    [decision] = [line for line in auto[2].splitlines() if "measured in turns" in line]
+    assert "batches/s speculating" in decision
+    [last] = [line for line in auto[2].splitlines() if line.startswith("terminated")]
+    assert "auto: speculated after" in last and "of 1 trial(s)" in last
+
+
 STATUS_OF = {
     Idle: "idle",
     ExecuteBatch: "batch-completed",
@@ -145,29 +171,35 @@ def status_of(action: Action) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("setting", ["on", "auto"])
 def test_two_ranks_stay_in_step_through_dropped_and_used_gradients(
-    assets_dir: Path, short_tmp: Path
+    setting: str, assets_dir: Path, short_tmp: Path
 ) -> None:
     """accelerate launch, 2 CPU ranks (gloo): every rank computes each gradient ahead and
     drops or uses it as rank 0's answer says (DDP's backward all-reduces: a rank out of step
-    would hang or fail), through idle, `batches: 0` and the round's actions."""
+    would hang or fail), through idle, `batches: 0` and the round's actions; under `auto`,
+    every rank also switches ways at rank 0's decision, though each timed its own turns."""
+    script = INTERLEAVED if setting == "on" else AUTO_TURNS
     work = short_tmp / "work"
-    with action_bridge(assets_dir, work, answering(INTERLEAVED)) as (job_json, bridge, backend):
+    with action_bridge(assets_dir, work, answering(script)) as (job_json, bridge, backend):
         push_once_receiving(bridge, backend, zero_update(assets_dir))
         launcher = [sys.executable, "-m", "hypha.accelerate_executor.platform.launcher"]
         done = subprocess.run(
             [*launcher, "--accelerate-config", "multi-cpu", "--num-processes", "2",
              "--socket", str(bridge.socket_path), "--work-dir", str(work)],
             capture_output=True, text=True, timeout=600,
-            env={**os.environ, "JOB_JSON": job_json, "HYPHA_SPECULATIVE_STEP": "on"},
+            env={**os.environ, "JOB_JSON": job_json, "HYPHA_SPECULATIVE_STEP": setting},
         )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "over 2 process(es)" in done.stdout and "speculative step on" in done.stdout
-    expected = ["joined"] + [status_of(a) for a in INTERLEAVED[:-1]]
+    assert "over 2 process(es)" in done.stdout and f"speculative step {setting}" in done.stdout
+    expected = ["joined"] + [status_of(a) for a in script[:-1]]
     assert [d["state"] for d in backend.statuses] == expected
     [last] = [line for line in done.stdout.splitlines() if "terminated" in line]
-    used, dropped = _ahead(INTERLEAVED)
-    assert f"{used} gradient(s) computed ahead used, {dropped} dropped" in last
+    if setting == "on":
+        used, dropped = _ahead(INTERLEAVED)
+        assert f"{used} gradient(s) computed ahead used, {dropped} dropped" in last
+    else:
+        assert "of 1 trial(s)" in last
     final = load(backend.sent[-1][1])
     assert all(torch.isfinite(t).all() for t in final.values())
     assert any(t.abs().max() > 0 for t in final.values())
@@ -301,20 +333,70 @@ def test_a_dropped_gradient_leaves_weights_statistics_and_draws_as_they_were() -
     assert int(ahead["norm.num_batches_tracked"]) == 9  # 3 steps of 3 micro-batches
 
 
-def test_the_setting_is_on_or_off() -> None:
+def test_the_setting_is_auto_on_or_off() -> None:
     from hypha.accelerate_executor.training.settings import (
         SettingValueError,
         from_environment,
-        switch,
+        speculative_step,
     )
 
-    def chosen(value: str) -> bool:
-        return bool(from_environment({"HYPHA_SPECULATIVE_STEP": value})["speculative_step"])
+    def chosen(value: str) -> str:
+        return str(from_environment({"HYPHA_SPECULATIVE_STEP": value})["speculative_step"])
 
-    assert all(chosen(value) for value in ("on", "ON", "1", "true", "yes", ""))
-    assert not any(chosen(value) for value in ("off", "0", "false", "no"))
-    with pytest.raises(SettingValueError, match="accepted: 1, true, yes, on"):
-        switch("maybe")
+    assert chosen("") == chosen("AUTO") == "auto"
+    assert {chosen(value) for value in ("on", "ON", "1", "true", "yes")} == {"on"}
+    assert {chosen(value) for value in ("off", "0", "false", "no")} == {"off"}
+    with pytest.raises(SettingValueError, match="accepted: auto, on, off"):
+        speculative_step("maybe")
+
+
+def test_auto_keeps_the_way_measured_faster_and_tries_again() -> None:
+    """AutoSpeculation's schedule and decision, fed the figures of cycles."""
+    from hypha.accelerate_executor.training.speculative import (
+        HOLD_TURNS,
+        TRIAL,
+        TURN_CYCLES,
+        AutoSpeculation,
+    )
+
+    shared: list[bool] = []
+    said: list[str] = []
+
+    def share(value: bool) -> bool:
+        shared.append(value)
+        return value
+
+    auto = AutoSpeculation(share, said.append)
+
+    def turns(
+        count: int, seconds: dict[bool, float], batches: int = 1, timed: bool = False
+    ) -> list[bool]:
+        """The ways of `count` turns, each cycle taking `seconds[way]` for `batches`; a
+        timed (trial's) turn waits for the device before its last cycle ends."""
+        ways = []
+        for _ in range(count):
+            ways.append(auto.speculate)
+            for cycle in range(TURN_CYCLES):
+                assert auto.speculate == ways[-1]
+                assert auto.closes_turn == (timed and cycle == TURN_CYCLES - 1)
+                auto.cycle_ended(seconds[auto.speculate], batches)
+        return ways
+
+    awaiting_faster = {True: 0.2, False: 0.1}
+    assert turns(1, awaiting_faster) == [True]  # warming up, speculating, untimed
+    assert turns(len(TRIAL), awaiting_faster, timed=True) == list(TRIAL)
+    assert turns(HOLD_TURNS, awaiting_faster) == [False] * HOLD_TURNS
+    assert shared == [False] and len(said) == 1 and "awaiting each answer" in said[0]
+    # The host changes (the executor beside this one ended): the next trial sees it.
+    speculating_faster = {True: 0.1, False: 0.2}
+    assert turns(len(TRIAL), speculating_faster, timed=True) == list(TRIAL)
+    assert turns(1, speculating_faster) == [True]
+    assert shared == [False, True] and "speculating" in said[1]
+    # A trial whose turns trained nothing compares nothing: speculation stays on, unsaid.
+    turns(HOLD_TURNS - 1, speculating_faster)
+    turns(len(TRIAL), speculating_faster, batches=0, timed=True)
+    assert auto.speculate and shared[-1] is True and len(said) == 2
+    assert auto.tally() == "auto: speculated after 2 of 3 trial(s)"
 
 
 # The scripts themselves are what the test relies on: both kinds of answer follow a batch.

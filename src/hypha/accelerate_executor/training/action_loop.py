@@ -80,7 +80,7 @@ if TYPE_CHECKING:
     from hypha.accelerate_executor.bridge.client import ReceivedFile
     from hypha.accelerate_executor.training.data import Batch
     from hypha.accelerate_executor.training.diloco import GlobalWeights
-    from hypha.accelerate_executor.training.speculative import SpeculativeStep
+    from hypha.accelerate_executor.training.speculative import AutoSpeculation, SpeculativeStep
 
 # The RFC's minimum loop time: an action that trains nothing (idle, waiting, execute-batch{0})
 # is not answered sooner than this after the previous status, so a scheduler that answers at
@@ -141,7 +141,7 @@ class ActionTrainer(Workbench):
         pseudo_gradient_dtype: str,
         micro_batch_size: int | None = None,
         trust_remote_code: bool = False,
-        speculative_step: bool = True,
+        speculative_step: str = "auto",
         model_dir: Path | None = None,
         compile: str = "off",
     ) -> None:
@@ -149,7 +149,11 @@ class ActionTrainer(Workbench):
 
         from hypha.accelerate_executor.bridge.action_client import ActionBridgeClient
         from hypha.accelerate_executor.training.diloco import GlobalWeights
-        from hypha.accelerate_executor.training.speculative import SpeculativeStep, cannot_drop
+        from hypha.accelerate_executor.training.speculative import (
+            AutoSpeculation,
+            SpeculativeStep,
+            cannot_drop,
+        )
 
         self.client = None
 
@@ -175,14 +179,20 @@ class ActionTrainer(Workbench):
         self.straggler_update: dict[str, torch.Tensor] = {}
         self.said_lr_multiplier = False
         self.ahead: SpeculativeStep | None = None
+        self.auto: AutoSpeculation | None = None  # None: speculating always, or never
         self.speculation_note = "speculative step off, as asked: each action is awaited"
-        if speculative_step and (why := cannot_drop(self.accelerator)) is not None:
+        if speculative_step != "off" and (why := cannot_drop(self.accelerator)) is not None:
             self.speculation_note = f"speculative step off: {why}; each action is awaited"
-        elif speculative_step:
-            self.speculation_note = "speculative step on"
+        elif speculative_step != "off":
             self.ahead = SpeculativeStep(
                 self.step, self.model, self.accelerator.device, super().next_batch
             )
+            self.speculation_note = "speculative step on"
+            if speculative_step == "auto":
+                self.auto = AutoSpeculation(self.ranks.share, self.say)
+                self.speculation_note = (
+                    "speculative step auto: on and off tried in turns, the faster kept"
+                )
 
     # The loop.
 
@@ -194,13 +204,20 @@ class ActionTrainer(Workbench):
         finished = False
         try:
             while status is not None:
+                batch_cycle = status.state in BEFORE_A_BATCH
+                started = time.perf_counter()
                 action = self.ranks.share(self._ask_and_compute(status))
                 trains = isinstance(action, ExecuteBatch) and action.batches > 0
                 if self.ahead is not None:
                     self.ahead.settle(trains)
+                settled = time.perf_counter()
                 status = self.perform(action)
                 self.laps.lap(TRAINING if trains else OTHER)
+                if self.auto is not None and batch_cycle:
+                    self._time_batch_cycle(self.auto, action, started, settled)
             tally = "" if self.ahead is None else f"; {self.ahead.tally()}"
+            if self.auto is not None:
+                tally += f"; {self.auto.tally()}"
             self.say(f"terminated by the scheduler after {self.round} round(s){tally}")
             finished = True
         finally:
@@ -214,9 +231,23 @@ class ActionTrainer(Workbench):
     def _ask_and_compute(self, status: Status) -> Action | None:
         """Rank 0's answer to `status` (None on the others), the next batch's gradient
         computed meanwhile on every rank where that is worth it."""
-        if self.ahead is not None and status.state in BEFORE_A_BATCH:
+        speculating = self.auto.speculate if self.auto is not None else True
+        if self.ahead is not None and speculating and status.state in BEFORE_A_BATCH:
             return self.ahead.while_computing(lambda: self._ask(status))
         return self._ask(status)
+
+    def _time_batch_cycle(
+        self, auto: AutoSpeculation, action: Action | None, started: float, settled: float
+    ) -> None:
+        """Tells `auto` what a batch cycle took: asking until the answer settled, plus the
+        training an `execute-batch` asked for (speculative.py, AutoSpeculation)."""
+        import torch
+
+        trained = action.batches if isinstance(action, ExecuteBatch) else 0
+        if auto.closes_turn and self.accelerator.device.type == "cuda":
+            torch.cuda.synchronize(self.accelerator.device)
+        ended = time.perf_counter() if trained else settled
+        auto.cycle_ended(ended - started, trained)
 
     def _ask(self, status: Status) -> Action | None:
         return self.client.update(status) if self.client is not None else None

@@ -21,7 +21,10 @@ from typing import Any
 
 from hypha.accelerate_executor.errors import UsageError
 from hypha.accelerate_executor.spec.job import GENERATIONS
-from hypha.accelerate_executor.training.speculative import SPECULATIVE_STEP_ENV
+from hypha.accelerate_executor.training.speculative import (
+    SPECULATIVE_STEP_CHOICES,
+    SPECULATIVE_STEP_ENV,
+)
 
 TRUTHY = ("1", "true", "yes", "on")
 FALSY = ("0", "false", "no", "off")
@@ -53,6 +56,20 @@ def switch(value: str) -> bool:
     if picked in FALSY:
         return False
     raise SettingValueError(f"accepted: {', '.join(TRUTHY)} (on) or {', '.join(FALSY)} (off)")
+
+
+def speculative_step(value: str) -> str:
+    """auto, or a switch's on or off (docs/protocol-actions.md, "The speculative step")."""
+    picked = value.strip().lower()
+    if picked == "auto":
+        return picked
+    try:
+        return "on" if switch(picked) else "off"
+    except SettingValueError:
+        raise SettingValueError(
+            f"accepted: {', '.join(SPECULATIVE_STEP_CHOICES)} "
+            f"(also {', '.join(TRUTHY[:-1])} for on, {', '.join(FALSY[:-1])} for off)"
+        ) from None
 
 
 def micro_batch_size(value: str) -> int | None:
@@ -130,11 +147,11 @@ SETTINGS: tuple[Setting, ...] = (
         SPECULATIVE_STEP_ENV,
         "--speculative-step",
         "speculative_step",
-        switch,
-        "on",
+        speculative_step,
+        "auto",
         "action protocol: compute the next batch's gradient while the scheduler's answer is on "
-        "its way, step on it only if the answer is execute-batch (default on; off awaits each "
-        "answer)",
+        "its way, step on it only if the answer is execute-batch: on, off (await each answer) "
+        "or auto (default: both tried in turns as the job runs, the faster kept)",
     ),
     Setting(
         "HYPHA_TRUST_REMOTE_CODE",

@@ -15,13 +15,21 @@ collective, on every rank alike, so the ranks stay in step.
 
 Off where a gradient cannot be dropped: DeepSpeed's engine steps inside its backward, and
 Megatron-LM's and XLA's do not run through MicroBatchedStep's backward as plain torch does.
+
+Whether it pays depends on the host and the scheduler, not on the model alone: a lone
+executor on a CPU gains up to 1.7x from it, a GPU whose queue already hides the round trip
+about 1 %, and two executors on the same two cores lose up to a third (the gradient computed
+ahead takes a core the other's step or the bridge needed), besides the gradient dropped after
+each answer that trains nothing. So `auto` (the default) measures it where it runs:
+`AutoSpeculation` tries both ways in turns and keeps the faster.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import repeat
 from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
@@ -34,6 +42,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 SPECULATIVE_STEP_ENV = "HYPHA_SPECULATIVE_STEP"
+SPECULATIVE_STEP_CHOICES = ("auto", "on", "off")
 # Only where accelerate's backward is torch's: its own under these couples backward and step.
 _CANNOT_DROP = {
     "DEEPSPEED": "DeepSpeed's engine steps the optimizer inside its backward",
@@ -146,3 +155,94 @@ class SpeculativeStep:
         torch.set_rng_state(states[0])
         if self._device.type == "cuda":
             torch.cuda.set_rng_state(states[1], self._device)
+
+
+# AutoSpeculation's schedule, in turns of TURN_CYCLES batch cycles: a turn speculating to warm
+# up (compilation, caches), then a trial of four turns (off, on, off, on: each way twice, so
+# that a trend in the host's load falls on both), then the faster way for HOLD_TURNS turns,
+# then a trial again (the host may have changed: another job started beside this one). About
+# 16 cycles in 224 run the slower way.
+TURN_CYCLES = 8
+TRIAL = (False, True, False, True)
+HOLD_TURNS = 24
+
+
+@dataclass
+class _Turn:
+    speculate: bool
+    timed: bool  # a trial's turn: its cycles are timed
+
+
+class AutoSpeculation:
+    """`auto`: speculating and awaiting each answer tried in turns, and the way that trains
+    more batches a second kept until the next trial.
+
+    A batch cycle starts from a status that usually leads to a batch (`batch-completed`,
+    `applied-update`, `received-model`). What is timed of it: from asking to the answer
+    settled, plus the training when the answer is `execute-batch`. So the figure holds what
+    speculating changes: the round trip hidden or not, a gradient computed ahead and dropped,
+    a core shared with another executor, a GPU queue that hides the trip by itself. What it
+    leaves out (a send, an idle wait) is the same either way and would only add noise.
+
+    Every rank counts the same cycles, since every rank sees the same actions; only rank 0's
+    measure decides, through `share`, so every rank speculates alike."""
+
+    def __init__(self, share: Callable[[bool], bool], say: Callable[[str], None]) -> None:
+        self._share, self._say = share, say
+        self._turns = self._schedule()
+        self._turn = next(self._turns)
+        self._cycles = 0  # of the current turn
+        self._seconds = {True: 0.0, False: 0.0}
+        self._batches = {True: 0, False: 0}
+        self._kept: bool | None = None  # the last trial's choice
+        self.trials = self.chose_on = 0
+
+    @property
+    def speculate(self) -> bool:
+        """Whether the coming batch cycle computes a gradient ahead."""
+        return self._turn.speculate
+
+    @property
+    def closes_turn(self) -> bool:
+        """Whether the coming batch cycle is its turn's last and is timed: a device that runs
+        ahead of the host is waited for before its end, so no turn's work spills into the
+        next's time."""
+        return self._turn.timed and self._cycles == TURN_CYCLES - 1
+
+    def cycle_ended(self, seconds: float, batches: int) -> None:
+        """A batch cycle's timed `seconds`, in which it trained `batches`."""
+        if self._turn.timed:
+            self._seconds[self._turn.speculate] += seconds
+            self._batches[self._turn.speculate] += batches
+        self._cycles += 1
+        if self._cycles == TURN_CYCLES:
+            self._cycles = 0
+            self._turn = next(self._turns)
+
+    def tally(self) -> str:
+        return f"auto: speculated after {self.chose_on} of {self.trials} trial(s)"
+
+    def _schedule(self) -> Iterator[_Turn]:
+        yield _Turn(True, timed=False)
+        while True:
+            yield from (_Turn(speculate, timed=True) for speculate in TRIAL)
+            yield from repeat(_Turn(self._decide(), timed=False), HOLD_TURNS)
+
+    def _decide(self) -> bool:
+        """The trial's faster way, rank 0's on every rank; said when it changes."""
+        rate = {way: self._batches[way] / max(self._seconds[way], 1e-9) for way in (True, False)}
+        # A trial in which a way trained nothing (the round's end, the scheduler idling us)
+        # compares nothing: speculation stays on, the way that loses least when it is wrong.
+        speculate = self._share(rate[True] >= rate[False] or 0 in self._batches.values())
+        self.trials += 1
+        self.chose_on += speculate
+        if speculate != self._kept:
+            way = "speculating" if speculate else "awaiting each answer"
+            self._say(
+                f"speculative step auto: {way} ({rate[True]:.2f} batches/s speculating, "
+                f"{rate[False]:.2f} awaiting, measured in turns)"
+            )
+        self._kept = speculate
+        self._seconds = {True: 0.0, False: 0.0}
+        self._batches = {True: 0, False: 0}
+        return speculate

@@ -76,10 +76,10 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--speculative-step",
-        choices=("on", "off"),
-        default="on",
+        choices=("auto", "on", "off"),
+        default="auto",
         help="action protocol: the executor's speculative step (docs/protocol-actions.md; "
-        "default on)",
+        "default auto)",
     )
     p.add_argument(
         "--answer-delay-ms",

@@ -28,7 +28,7 @@ class Report:
     config: str  # the accelerate config's name and distributed type
     processes: int
     generation: str = "alpha17"  # the bridge generation the stand-in played
-    speculative_step: str = "on"  # the action loop's --speculative-step
+    speculative_step: str = "auto"  # the action loop's --speculative-step
     answer_delay_ms: float = 0.0  # each scheduler answer held back this long
     compile: str = "auto"  # the executor's HYPHA_COMPILE
     executor: ExecutorRun | None = None

@@ -124,7 +124,7 @@ def run_executor(
     processes: int,
     work_base: Path,
     timeout_s: float,
-    speculative_step: str = "on",
+    speculative_step: str = "auto",
     answer_delay_s: float = 0.0,
     compile: str = "auto",
 ) -> ExecutorRun:
