@@ -19,9 +19,9 @@ behind the scheduler's), `execute-batch{0}` answers, samples the scheduler count
 samples/s (trained samples from the first `joined` to the last round's last `sent-update`). The ratio is each run's samples/s over
 the speculative-off run of the same delay and speeds, measured in the same invocation.
 
-A round is 150 steps of batch 8 by default, upstream's default job's 1,200 samples between
-updates: about 75 batches a worker, so that `auto` (a warm-up turn and a trial of 40 batches
-before it keeps a way, training.speculative) runs most of a job the way it chose.
+A round is 75 steps a worker of batch 8 by default: upstream's default job's 1,200 samples
+between updates, so that `auto` (a warm-up turn and a trial of 40 batches before it keeps a
+way, training.speculative) runs most of the job the way it chose.
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def one_run(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--steps-per-round", type=int, default=150)
+    parser.add_argument("--steps-per-round", type=int, default=75, help="batches a worker")
     parser.add_argument("--delays", default="0,50", help="answer delays in ms (default 0,50)")
     parser.add_argument("--smoke", action="store_true", help="1 round of 4 steps, at once only")
     arguments = parser.parse_args(argv)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hypha.accelerate_executor.shim.container_spec import LABEL_JOB_ID
-from hypha.standin.coordinator.report import loss_ratio_bound
+from hypha.standin.coordinator.report import LOSS_RATIO
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -72,8 +72,8 @@ def test_the_faults_profile_starts_w2_with_the_fault_asked_for() -> None:
 @pytest.mark.parametrize(
     ("job", "rounds", "generation", "length"),
     # causal-lm shortened, on alpha.17's side (pinned); lenet (upstream's default job's
-    # shape) at its own 6 rounds of 8 batches of 600 per worker on the default side, the
-    # action protocol: about 30 s more, its images already built by the first.
+    # shape) at its own 10 rounds of 8 batches of 600 per worker on the default side, the
+    # action protocol: about 50 s more, its images already built by the first.
     [
         (
             "causal-lm",
@@ -81,7 +81,7 @@ def test_the_faults_profile_starts_w2_with_the_fault_asked_for() -> None:
             "alpha17",
             {"HYPHA_ROUNDS": "3", "HYPHA_STEPS_PER_ROUND": "20", "HYPHA_GENERATION": "alpha17"},
         ),
-        ("lenet", 6, "actions", {}),
+        ("lenet", 10, "actions", {}),
     ],
 )
 def test_compose_cluster_trains_and_leaves_nothing_behind(
@@ -106,7 +106,7 @@ def test_compose_cluster_trains_and_leaves_nothing_behind(
     assert summary["passed"], summary["reasons"]
     assert [w["exit_code"] for w in summary["workers"].values()] == [0, 0]
     losses = [r["mean_loss"] for r in summary["rounds"]]
-    assert len(losses) == rounds and losses[-1] <= loss_ratio_bound(job) * losses[0]
+    assert len(losses) == rounds and losses[-1] <= LOSS_RATIO * losses[0]
     assert summary["options"]["job"] == job
     assert summary["options"]["generation"] == generation
     assert (out / "loss.png").stat().st_size > 0

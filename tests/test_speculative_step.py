@@ -379,7 +379,8 @@ def test_auto_keeps_the_way_measured_faster_and_tries_again() -> None:
             for cycle in range(TURN_CYCLES):
                 assert auto.speculate == ways[-1]
                 assert auto.closes_turn == (timed and cycle == TURN_CYCLES - 1)
-                auto.cycle_ended(seconds[auto.speculate], batches)
+                auto.cycle_ended(seconds[auto.speculate], batches, batch_cycle=True)
+                auto.cycle_ended(0.0, 0, batch_cycle=False)  # an idle: no turn's cycle
         return ways
 
     awaiting_faster = {True: 0.2, False: 0.1}

@@ -83,7 +83,7 @@ def _run_options_parser() -> OneLineArgumentParser:
         help="actions only: this many more workers, whose jobs begin after round 1 and who "
         "get the model from a peer (default 0)",
     )
-    run.add_argument("--rounds", type=_count_or_unset, help="DiLoCo rounds (causal-lm 4, lenet 6)")
+    run.add_argument("--rounds", type=_count_or_unset, help="DiLoCo rounds (causal-lm 4, lenet 10)")
     run.add_argument(
         "--steps-per-round",
         type=_count_or_unset,

@@ -213,8 +213,8 @@ class ActionTrainer(Workbench):
                 settled = time.perf_counter()
                 status = self.perform(action)
                 self.laps.lap(TRAINING if trains else OTHER)
-                if self.auto is not None and batch_cycle:
-                    self._time_batch_cycle(self.auto, action, started, settled)
+                if self.auto is not None:
+                    self._time_cycle(self.auto, action, batch_cycle, started, settled)
             tally = "" if self.ahead is None else f"; {self.ahead.tally()}"
             if self.auto is not None:
                 tally += f"; {self.auto.tally()}"
@@ -236,18 +236,25 @@ class ActionTrainer(Workbench):
             return self.ahead.while_computing(lambda: self._ask(status))
         return self._ask(status)
 
-    def _time_batch_cycle(
-        self, auto: AutoSpeculation, action: Action | None, started: float, settled: float
+    def _time_cycle(
+        self,
+        auto: AutoSpeculation,
+        action: Action | None,
+        batch_cycle: bool,
+        started: float,
+        settled: float,
     ) -> None:
-        """Tells `auto` what a batch cycle took: asking until the answer settled, plus the
-        training an `execute-batch` asked for (speculative.py, AutoSpeculation)."""
+        """Tells `auto` what a cycle took of what speculating changes: a batch cycle's asking
+        until the answer settled, and any cycle's training (speculative.py, AutoSpeculation)."""
         import torch
 
         trained = action.batches if isinstance(action, ExecuteBatch) else 0
-        if auto.closes_turn and self.accelerator.device.type == "cuda":
+        if batch_cycle and auto.closes_turn and self.accelerator.device.type == "cuda":
             torch.cuda.synchronize(self.accelerator.device)
-        ended = time.perf_counter() if trained else settled
-        auto.cycle_ended(ended - started, trained)
+        seconds = (settled - started) if batch_cycle else 0.0
+        if trained:
+            seconds += time.perf_counter() - settled
+        auto.cycle_ended(seconds, trained, batch_cycle)
 
     def _ask(self, status: Status) -> Action | None:
         return self.client.update(status) if self.client is not None else None

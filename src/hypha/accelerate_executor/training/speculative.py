@@ -178,11 +178,13 @@ class AutoSpeculation:
     more batches a second kept until the next trial.
 
     A batch cycle starts from a status that usually leads to a batch (`batch-completed`,
-    `applied-update`, `received-model`). What is timed of it: from asking to the answer
-    settled, plus the training when the answer is `execute-batch`. So the figure holds what
-    speculating changes: the round trip hidden or not, a gradient computed ahead and dropped,
-    a core shared with another executor, a GPU queue that hides the trip by itself. What it
-    leaves out (a send, an idle wait) is the same either way and would only add noise.
+    `applied-update`, `received-model`); turns count them. What is timed: each batch cycle
+    from asking to the answer settled, and every `execute-batch`'s training, whichever status
+    asked for it (a scheduler may answer a slower worker `idle` after each batch, and give it
+    the next from `idle`). So the figure holds what speculating changes: the round trip
+    hidden or not, a gradient computed ahead and dropped, a core shared with another
+    executor, a GPU queue that hides the trip by itself. What it leaves out (a send, an idle
+    wait) is the same either way and would only add noise.
 
     Every rank counts the same cycles, since every rank sees the same actions; only rank 0's
     measure decides, through `share`, so every rank speculates alike."""
@@ -209,11 +211,14 @@ class AutoSpeculation:
         next's time."""
         return self._turn.timed and self._cycles == TURN_CYCLES - 1
 
-    def cycle_ended(self, seconds: float, batches: int) -> None:
-        """A batch cycle's timed `seconds`, in which it trained `batches`."""
+    def cycle_ended(self, seconds: float, batches: int, batch_cycle: bool) -> None:
+        """A cycle's timed `seconds`, in which it trained `batches`; a batch cycle moves the
+        turns on."""
         if self._turn.timed:
             self._seconds[self._turn.speculate] += seconds
             self._batches[self._turn.speculate] += batches
+        if not batch_cycle:
+            return
         self._cycles += 1
         if self._cycles == TURN_CYCLES:
             self._cycles = 0

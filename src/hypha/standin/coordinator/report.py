@@ -12,16 +12,6 @@ from hypha.standin.job_status import last_line
 
 # The run passes when the last round's mean loss is at most this fraction of the first's.
 LOSS_RATIO = 0.6
-# LeNet at upstream's outer momentum (0.9): 8 Adam steps a round, the loss rises a little
-# around rounds 4-5 and falls again after; its 6 rounds ended at 0.53 to 0.60 of the first
-# in seven runs (2026-11-28, `hypha-accelerate local demo --job lenet`), too close to 0.6
-# to judge by it. (10 rounds ended at 0.15 to 0.25 in four runs: the longer job would keep
-# 0.6.)
-LOSS_RATIO_BY_JOB = {"lenet": 0.7}
-
-
-def loss_ratio_bound(job: str) -> float:
-    return LOSS_RATIO_BY_JOB.get(job, LOSS_RATIO)
 
 
 def round_losses(summary: dict[str, Any]) -> dict[int, dict[str, float]]:
@@ -63,10 +53,9 @@ def judge(summary: dict[str, Any]) -> dict[str, Any]:
     else:
         first, final = means[min(means)], means[max(means)]
         ratio = final / first if first > 0 else None
-        bound = loss_ratio_bound(str(options.get("job", "")))
-        if ratio is None or ratio > bound:
+        if ratio is None or ratio > LOSS_RATIO:
             reasons.append(
-                f"the final mean loss {final:.3f} is not <= {bound} x the first ({first:.3f})"
+                f"the final mean loss {final:.3f} is not <= {LOSS_RATIO} x the first ({first:.3f})"
             )
     per_worker = {}
     for name in workers:
