@@ -90,8 +90,8 @@ class Noted:
             tally.applied_after_last_send = True
         time.sleep(self._delay_s)
         answer = self._backend.action(request)
-        next_action = answer["next"]
-        if next_action.get("kind") == "execute-batch" and next_action.get("batches") == 0:
+        next_action = answer["next"]["action"]  # ActionResponse: {job_id, next: {executor, action}}
+        if next_action["kind"] == "execute-batch" and next_action.get("batches") == 0:
             tally.zero_answers += 1
         return answer
 

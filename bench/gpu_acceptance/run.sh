@@ -18,6 +18,8 @@
 #   actions     the same job on the action protocol of later Hypha workers, the stand-in's
 #               answers held back 50 ms as a remote scheduler's, with the speculative step
 #   actions-blocking  the same without it (--speculative-step off), the executor alone
+#   actions-auto  the same with --speculative-step auto (both ways tried in turns as it runs),
+#               the executor alone; not among the default parts
 # The sharded parts need a GPU and are skipped (and said) without one. Where a compiled part
 # and its eager one both ran, a table sets them side by side: samples/s, tokens/s, the ratio
 # to the bare eager loop, MFU, peak memory, how much longer the first round took (compiling).
@@ -123,6 +125,7 @@ fi
 actions=(--bridge-generation actions --answer-delay-ms "$delay")
 wanted actions && part actions 120 "${actions[@]}" --speculative-step on --skip oom --compile off
 wanted actions-blocking && part actions-blocking 75 "${actions[@]}" --speculative-step off --skip bare,oom --compile off
+wanted actions-auto && part actions-auto 75 "${actions[@]}" --speculative-step auto --skip bare,oom --compile off
 say ""
 "$python" bench/gpu_acceptance/compile_table.py "$out" 2>&1 | tee -a "$summary"
 if [ -f "$out/actions.json" ] && [ -f "$out/actions-blocking.json" ]; then
@@ -133,8 +136,12 @@ on, off = (json.load(open(f"{sys.argv[1]}/{n}.json"))["figures"]["executor_sampl
            for n in ("actions", "actions-blocking"))
 rate = lambda x: "none" if x is None else f"{x:.1f}"
 ratio = f"{on / off:.3f}" if on and off else "n/a"
+try:
+    auto = json.load(open(f"{sys.argv[1]}/actions-auto.json"))["figures"]["executor_samples_per_s"]
+except FileNotFoundError:
+    auto = None
 print(f"== speculative step, answers {sys.argv[2]} ms late: samples/s {rate(on)} on, "
-      f"{rate(off)} off, ratio {ratio}")
+      f"{rate(off)} off, ratio {ratio}; auto {rate(auto)}")
 PY
 fi
 
