@@ -23,7 +23,6 @@ from hypha.accelerate_executor.bridge.actions import (
 )
 from hypha.accelerate_executor.errors import UsageError
 from hypha.standin.coordinator.server import RunOptions
-from hypha.standin.data_service.assets import ensure_assets
 from hypha.standin.demo import run_demo
 from hypha.standin.scheduler.action_scheduler import peers
 from hypha.standin.worker.executor_entries import preset
@@ -38,13 +37,6 @@ from test_action_protocol import (
 )
 
 ROUNDS = 3
-
-
-@pytest.fixture(scope="module")
-def assets_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("assets")
-    ensure_assets(path)
-    return path
 
 
 @pytest.mark.slow
