@@ -63,6 +63,18 @@ def cpu_image(docker_api: Any) -> str:
     return tag
 
 
+@pytest.fixture(scope="session")
+def assets_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A cache folder for the stand-in's embedded model and data set, made once per
+    session with the default job's assets (the causal-LM's) in it; the assets of another
+    spec are generated into it by whoever asks for them (ensure_assets)."""
+    from hypha.standin.data_service.assets import ensure_assets
+
+    path = tmp_path_factory.mktemp("assets")
+    ensure_assets(path)
+    return path
+
+
 @pytest.fixture
 def short_tmp() -> Iterator[Path]:
     """A work base with a short path: a Unix socket path must fit in 107 bytes, and

@@ -54,13 +54,6 @@ PS = "12D3KooWJ6MBkbH3o7j2yhhDAF7gRxA4Zm5cpuEUr2Znp1VvNBw3"
 JOB_ID = "0b7f3c52-9a1e-4c55-8d2a-3f6e1b9d4a10"
 
 
-@pytest.fixture(scope="module")
-def assets_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("assets")
-    ensure_assets(path)
-    return path
-
-
 # Messages.
 
 

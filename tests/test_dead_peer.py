@@ -13,19 +13,11 @@ from pathlib import Path
 import pytest
 
 from hypha.standin.coordinator.server import RunOptions
-from hypha.standin.data_service.assets import ensure_assets
 from hypha.standin.demo import run_demo
 from hypha.standin.worker.executor_entries import preset
 from hypha.standin.worker.faults import parse_fault
 
 ROUNDS = 4
-
-
-@pytest.fixture(scope="module")
-def assets_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("assets")
-    ensure_assets(path)
-    return path
 
 
 @pytest.mark.slow

@@ -27,13 +27,6 @@ EXECUTOR = [sys.executable, "-m", "hypha.accelerate_executor.training"]
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="session")
-def assets_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("assets")
-    ensure_assets(path)
-    return path
-
-
 def summary_of(out_dir: Path) -> dict:
     return json.loads((out_dir / "summary.json").read_text())
 

@@ -23,7 +23,6 @@ from hypha.accelerate_executor.bridge.actions import (
 )
 from hypha.accelerate_executor.errors import UsageError
 from hypha.standin.coordinator.server import RunOptions
-from hypha.standin.data_service.assets import ensure_assets
 from hypha.standin.demo import run_demo
 from hypha.standin.scheduler.action_scheduler import peers
 from hypha.standin.worker.executor_entries import preset
@@ -38,13 +37,6 @@ from test_action_protocol import (
 )
 
 ROUNDS = 3
-
-
-@pytest.fixture(scope="module")
-def assets_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("assets")
-    ensure_assets(path)
-    return path
 
 
 @pytest.mark.slow
@@ -120,7 +112,7 @@ def test_a_failed_send_loses_no_batch_and_no_loss(assets_dir: Path, short_tmp: P
         return Terminate()
 
     with action_bridge(assets_dir, short_tmp / "work", script) as (job_json, bridge, backend):
-        play(bridge, FaultPlan((Fault("/resources/send", 400, "invalid_request", 1),)))
+        bridge.faults = FaultPlan((Fault("/resources/send", 400, "invalid_request", 1),))
         process = run_executor(job_json, bridge)
         _, err = process.communicate(timeout=300)
         left = sorted(p.name for p in (bridge.work_dir / "pseudo-gradients").glob("*"))
@@ -229,11 +221,6 @@ def test_faults_count_down_per_route() -> None:
     assert [fault and fault.error for fault in taken] == [None, None, "scheduler-error", None]
 
 
-def play(bridge: Any, plan: FaultPlan) -> None:
-    """Faults on demand for a bridge already serving: its server took the plan at start."""
-    bridge.faults = bridge._server.faults = plan
-
-
 def bridge_client(bridge: Any, job_json: str) -> ActionBridgeClient:
     return ActionBridgeClient(bridge.socket_path, bridge.work_dir, json.loads(job_json)["job_id"])
 
@@ -247,7 +234,7 @@ def test_a_push_streaming_past_its_receives_deadline_is_received(
     with action_bridge(assets_dir, short_tmp / "work", lambda _: Terminate()) as (
         job_json, bridge, backend,
     ):  # fmt: skip
-        play(bridge, FaultPlan((parse_fault("/resources/receive=slow:3"),)))
+        bridge.faults = FaultPlan((parse_fault("/resources/receive=slow:3"),))
         client = bridge_client(bridge, job_json)
         client.receive_slack_s = 1.0  # the file takes 3 s: past the deadline and the slack
         push_once_receiving(bridge, backend, b"a model over a slow link" * 1000)
@@ -265,7 +252,7 @@ def test_a_receive_refused_at_once_is_asked_again_until_one_is_registered(
     with action_bridge(assets_dir, short_tmp / "work", lambda _: Terminate()) as (
         job_json, bridge, backend,
     ):  # fmt: skip
-        play(bridge, FaultPlan((parse_fault("/resources/receive=busy:2"),)))
+        bridge.faults = FaultPlan((parse_fault("/resources/receive=busy:2"),))
         client = bridge_client(bridge, job_json)
         push_once_receiving(bridge, backend, b"an aggregate")
         received = client.receive_one(peers([PS], "All"), "incoming", time.time() + 60)
@@ -292,7 +279,7 @@ def test_a_truncated_cached_slice_is_fetched_again_and_trained_once_whole(
         return Terminate()
 
     with action_bridge(assets_dir, short_tmp / "work", script) as (job_json, bridge, _):
-        play(bridge, FaultPlan((parse_fault("/resources/fetch=truncated:1"),)))
+        bridge.faults = FaultPlan((parse_fault("/resources/fetch=truncated:1"),))
         process = run_executor(job_json, bridge)
         _, err = process.communicate(timeout=300)
         # Slices are cached by their hash, a number; the model's files are there too.

@@ -33,13 +33,12 @@ from hypha.accelerate_executor.bridge.actions import (
 )
 from hypha.accelerate_executor.platform.launcher.plan import free_port
 from hypha.standin.scheduler.action_scheduler import peers
-from test_action_protocol import action_bridge, assets_dir, push_once_receiving, zero_update
+from test_action_protocol import action_bridge, push_once_receiving, zero_update
 
 REPO = Path(__file__).resolve().parents[1]
 FSDP_ON_CPU = REPO / "tests" / "sharding" / "executor_fsdp_on_cpu.py"
 PS = "12D3KooWJ6MBkbH3o7j2yhhDAF7gRxA4Zm5cpuEUr2Znp1VvNBw3"
 SOURCE = peers([PS], "All")
-__all__ = ["assets_dir"]  # the module-scoped fixture, shared
 
 
 def batches(n: int) -> Action:

@@ -177,9 +177,3 @@ def connect() -> Callable[[Path], UnixHTTPConnection]:
 @pytest.fixture
 def receive() -> Callable[[Path, Any], tuple[int, str | None, EventStream]]:
     return open_stream
-
-
-@pytest.fixture(scope="session")
-def assets_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A cache folder for the embedded model and data set, generated once per session."""
-    return tmp_path_factory.mktemp("assets")

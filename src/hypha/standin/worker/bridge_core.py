@@ -43,6 +43,7 @@ from hypha.accelerate_executor.errors import BackendError, BridgeRefusal, ErrorK
 from hypha.accelerate_executor.spec.job import Generation
 from hypha.standin.backend import BridgeBackend, Push
 from hypha.standin.console import warn
+from hypha.standin.worker.faults import FaultPlan
 
 # How long one poll for pushes waits; bounds how long stop() waits for the poller.
 PUSH_POLL_S = 0.2
@@ -83,6 +84,9 @@ class JobBridge:
         self.generation: Generation = generation
         self.job_id = job_id
         self.strict_receive = strict_receive
+        # The errors its routes answer on demand (faults.py); none unless asked for. Read
+        # by the HTTP handler at each request, so a plan set on a serving bridge is played.
+        self.faults = FaultPlan()
         # Action era, under _lock: the open receives, each its allowed peers (none: any) and
         # the queue it waits on, oldest first; and the pushes kept for the next receive.
         self._receives: list[tuple[set[str], queue.Queue[Push]]] = []

@@ -21,7 +21,7 @@ from hypha.standin.console import say
 from hypha.standin.serving import LISTEN_BACKLOG, TracksConnections
 from hypha.standin.worker.axum_body import deserialized, read_json, shaped
 from hypha.standin.worker.bridge_core import JobBridge
-from hypha.standin.worker.faults import Fault, FaultPlan, kill_sender
+from hypha.standin.worker.faults import Fault, kill_sender
 from hypha.standin.worker.openapi import openapi_document
 
 
@@ -35,7 +35,6 @@ class UnixHTTPServer(TracksConnections, socketserver.ThreadingMixIn, socketserve
         super().__init__(path, _Handler, bind_and_activate=False)
         self.bridge = bridge
         self.log_name = bridge.name
-        self.faults = FaultPlan()  # none unless the worker was asked for some (faults.py)
 
 
 _ALPHA17_ROUTES = ("/resources/fetch", "/resources/send", "/resources/receive", "/status/send")
@@ -90,7 +89,7 @@ class _Handler(BaseHTTPRequestHandler):
                 and isinstance(raw, dict)
                 and raw.get("type") == "scheduler"
             )
-            fault = self.server.faults.take(path, data_slice)
+            fault = self.bridge.faults.take(path, data_slice)
             if fault is not None and not fault.served:
                 self._answer_fault(path, fault, raw)
                 return

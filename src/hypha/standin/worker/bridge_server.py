@@ -9,7 +9,6 @@ from pathlib import Path
 from hypha.standin.serving import AcceptLoop
 from hypha.standin.worker.bridge_core import JobBridge
 from hypha.standin.worker.bridge_http import UnixHTTPServer
-from hypha.standin.worker.faults import FaultPlan
 
 SOCKET_NAME = "bridge.sock"
 
@@ -22,7 +21,6 @@ class BridgeServer(JobBridge):
     """
 
     _server: UnixHTTPServer | None = None
-    faults: FaultPlan = FaultPlan()  # the errors its routes answer on demand (faults.py)
 
     @property
     def socket_path(self) -> Path:
@@ -30,7 +28,6 @@ class BridgeServer(JobBridge):
 
     def start(self) -> None:
         server = UnixHTTPServer(str(self.socket_path), self)
-        server.faults = self.faults
         try:
             server.server_bind()
             # Before listen() nobody can connect, so the socket is never reachable with a
