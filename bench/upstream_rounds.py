@@ -1,9 +1,13 @@
 """Rounds against the stand-in playing upstream's order (its parameter server's broadcast
 over once the push is on every bridge, so a worker that sent is told `execute-batch`, not
 `apply-update`): 2 workers x 3 rounds of the demo GPT-2, the scheduler's answers at once or
-late, the speculative step off, on and auto, equal speeds or one worker slower.
+late, the speculative step off, on and auto, equal speeds or one worker slower; with
+`--upstream`, the same pool with both workers running Hypha's own executor (upstream's
+`executors/accelerate`, installed by bench/install_upstream_executor.sh), and every row on the
+demo GPT-2 with untied embeddings (upstream's cannot apply an update to tied ones).
 
     python bench/upstream_rounds.py [--rounds N] [--steps-per-round N] [--smoke]
+        [--upstream PYTHON [--upstream-only]]
 
 Each run is the stand-in's coordinator (its scheduler and parameter server as upstream's
 decide) with two `LocalWorker`s running the executor as processes, each job's bridge reaching
@@ -22,6 +26,14 @@ the speculative-off run of the same delay and speeds, measured in the same invoc
 A round is 75 steps a worker of batch 8 by default: upstream's default job's 1,200 samples
 between updates, so that `auto` (a warm-up turn and a trial of 40 batches before it keeps a
 way, training.speculative) runs most of the job the way it chose.
+
+Upstream's executor reports less, so three figures are derived for its rows from what its
+training loop does (hypha-space/hypha executors/accelerate/.../training.py, index id
+66429791419): a `batch-completed` without `batches` counts one batch, as the stand-in's
+scheduler reads it; trained samples are the batches of the `execute-batch` answers it got
+before each `sent-update` (it trains exactly that many; its metrics hold only the loss); its
+`sent-update` round is 1 + the updates it applied, and only an `applied-update` that answers
+`apply-update` is one (after `execute-batch{0}` it repeats its last status, whatever it was).
 """
 
 from __future__ import annotations
@@ -40,15 +52,24 @@ from typing import Any
 if __name__ == "__main__" and not __package__:
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
+from bench.rounds import MODELS
 from hypha.standin.coordinator.client import CoordinatorClient, JobBackend
 from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
 from hypha.standin.data_service.assets import ensure_assets
-from hypha.standin.worker.executor_entries import preset
+from hypha.standin.worker.executor_entries import EXECUTOR_ARGS, ExecutorEntry, preset
 from hypha.standin.worker.worker import LocalWorker, serve_one_job
 
 BATCH_SIZE = 8
 SPECULATIVE = ("off", "on", "auto")  # off first: the ratios' baseline
 SLOWER_MS = 40  # unequal: w2's answers this much later than w1's
+UPSTREAM = "upstream"  # the speculative column for upstream's executor, which has no such step
+
+
+def upstream_entry(python: Path) -> ExecutorEntry:
+    """Upstream's executor as its worker config launches it (`--job {JOB_JSON}` on the command
+    line), less `accelerate launch`: one CPU process needs no launcher."""
+    module = ("-m", "hypha.accelerate_executor.training", *EXECUTOR_ARGS, "--job", "{JOB_JSON}")
+    return ExecutorEntry(str(python), module, as_owner=True)
 
 
 @dataclass
@@ -61,6 +82,9 @@ class Tally:
     sends: list[tuple[float, int, int]] = field(default_factory=list)  # (t, scheduler, own)
     applied_after_last_send: bool = False
     first_at: float | None = None  # its executor's `joined`: start-up left out
+    upstream: bool = False  # upstream's executor: figures derived (module docstring)
+    answered: int = 0  # batches of the execute-batch answers since its last sent-update
+    last_kind: str | None = None  # the kind of the last answer it got
 
 
 class Noted:
@@ -79,36 +103,53 @@ class Noted:
         if tally.first_at is None:
             tally.first_at = time.monotonic()
         if state == "batch-completed":
-            tally.counted += details["batch_size"] * details["batches"]
+            # Absent (upstream's executor): one batch, as the scheduler counts it.
+            tally.counted += details["batch_size"] * details.get("batches", 1)
         elif state == "sent-update":
             assert self._coordinator.actions is not None
             scheduler_round = self._coordinator.actions.round
-            tally.sends.append((time.monotonic(), scheduler_round, int(details["round"])))
-            tally.trained += int(details["metrics"]["batches"]) * BATCH_SIZE
+            own = int(details["round"]) - int(tally.upstream)  # upstream's counts from 1
+            tally.sends.append((time.monotonic(), scheduler_round, own))
+            tally.trained += int(details["metrics"].get("batches", tally.answered)) * BATCH_SIZE
+            tally.answered = 0
             tally.applied_after_last_send = False
         elif state == "applied-update":
-            tally.applied_after_last_send = True
+            # Upstream's repeats one after an execute-batch{0}: only an apply-update's counts.
+            tally.applied_after_last_send |= not tally.upstream or tally.last_kind == "apply-update"
         time.sleep(self._delay_s)
         answer = self._backend.action(request)
-        next_action = answer["next"]["action"]  # ActionResponse: {job_id, next: {executor, action}}
-        if next_action["kind"] == "execute-batch" and next_action.get("batches") == 0:
-            tally.zero_answers += 1
+        # {"executor": "train", "action": {"kind", ...}}: the action is one level down (reading
+        # `kind` off "next" itself, as before, found no execute-batch{0} however many came).
+        next_action = answer["next"]["action"]
+        tally.last_kind = next_action.get("kind")
+        if tally.last_kind == "execute-batch":
+            batches = next_action.get("batches", 1)
+            tally.answered += batches
+            tally.zero_answers += int(batches == 0)
         return answer
 
 
 def one_run(
-    catalog: Catalog, options: RunOptions, speculative: str, delays_ms: tuple[int, int], base: Path
+    catalog: Catalog,
+    options: RunOptions,
+    speculative: str,
+    delays_ms: tuple[int, int],
+    base: Path,
+    upstream: Path | None = None,
 ) -> dict[str, Any]:
-    tallies = {"w1": Tally(), "w2": Tally()}
+    """`speculative` is this executor's setting, or UPSTREAM with `upstream`, the Python that
+    runs upstream's executor."""
+    tallies = {name: Tally(upstream=upstream is not None) for name in ("w1", "w2")}
     threads = str(max(1, (os.cpu_count() or 1) // 2))
     env = {"OMP_NUM_THREADS": threads, "HYPHA_SPECULATIVE_STEP": speculative}
+    entry = upstream_entry(upstream) if upstream else preset("process")
     started = time.monotonic()
     with Coordinator(catalog, options) as coordinator:
         client = CoordinatorClient(coordinator.url)
         codes: dict[str, int] = {}
 
         def run(name: str, delay_ms: int) -> None:
-            worker = LocalWorker(name, preset("process"), base, env=env)
+            worker = LocalWorker(name, entry, base, env=env)
             tally = tallies[name]
             backend = lambda job_id: Noted(  # noqa: E731
                 client.backend(job_id), coordinator, tally, delay_ms / 1e3
@@ -153,7 +194,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps-per-round", type=int, default=75, help="batches a worker")
     parser.add_argument("--delays", default="0,50", help="answer delays in ms (default 0,50)")
     parser.add_argument("--smoke", action="store_true", help="1 round of 4 steps, at once only")
+    parser.add_argument(
+        "--upstream",
+        type=Path,
+        metavar="PYTHON",
+        help="also run both workers on upstream's executor, installed for this Python "
+        "(bench/install_upstream_executor.sh)",
+    )
+    parser.add_argument(
+        "--upstream-only", action="store_true", help="with --upstream: only upstream's rows"
+    )
     arguments = parser.parse_args(argv)
+    if arguments.upstream_only and not arguments.upstream:
+        parser.error("--upstream-only needs --upstream")
+    settings = [] if arguments.upstream_only else list(SPECULATIVE)
+    settings += [UPSTREAM] if arguments.upstream else []
     rounds, steps = arguments.rounds, arguments.steps_per_round
     delays = [int(value) for value in arguments.delays.split(",")]
     if arguments.smoke:
@@ -162,7 +217,11 @@ def main(argv: list[str] | None = None) -> int:
         workers=2, rounds=rounds, steps_per_round=steps, batch_size=BATCH_SIZE,
         generation="actions", broadcast_over="delivered",
     )  # fmt: skip
-    catalog = Catalog.from_assets(ensure_assets(spec=options.asset_spec()))
+    # Upstream's executor saves its model with safetensors' save_model, which keeps one of
+    # two tied tensors, so it cannot apply an update to the demo GPT-2 (tied embeddings):
+    # with --upstream every row runs bench/rounds.py's demo, untied and without dropout.
+    spec = MODELS["demo"] if arguments.upstream else options.asset_spec()
+    catalog = Catalog.from_assets(ensure_assets(spec=spec))
     rows = []
     with (
         tempfile.TemporaryDirectory(prefix="hy-", dir="/tmp") as base,  # short socket paths
@@ -171,15 +230,17 @@ def main(argv: list[str] | None = None) -> int:
         for delay in delays:
             for speeds in ("equal", "unequal"):
                 pair = (delay, delay + (SLOWER_MS if speeds == "unequal" else 0))
-                for speculative in SPECULATIVE:
+                for speculative in settings:
                     work = Path(base) / f"{delay}-{speeds}-{speculative}"
                     work.mkdir()
-                    result = one_run(catalog, options, speculative, pair, work)
+                    python = arguments.upstream if speculative == UPSTREAM else None
+                    result = one_run(catalog, options, speculative, pair, work, python)
                     rows.append((delay, speeds, speculative, result))
                     print(f"{delay} ms, {speeds}, speculative {speculative}: done", file=sys.stderr)
     print(
         f"upstream rounds: 2 workers x {rounds} rounds of {options.target_samples} samples, "
-        f"GPT-2 demo, batch {BATCH_SIZE}, the stand-in in upstream's order"
+        f"GPT-2 demo{' (untied, no dropout)' if arguments.upstream else ''}, batch {BATCH_SIZE}, "
+        "the stand-in in upstream's order"
     )
     print(
         "| answers | speeds | speculative | exit | rounds' durations (s) | applied w1/w2 | "
@@ -190,14 +251,16 @@ def main(argv: list[str] | None = None) -> int:
     for delay, speeds, speculative, r in rows:
         if speculative == "off":
             baseline[(delay, speeds)] = r["samples_per_s"]
-        ratio = r["samples_per_s"] / baseline[(delay, speeds)]
+        # Against this executor's off run of the same row, where it ran.
+        off = baseline.get((delay, speeds))
+        ratio = f"{r['samples_per_s'] / off:.2f}" if off else "-"
         exits = "/".join(str(code) for code in r["codes"].values())
         durations = ", ".join(f"{d:.1f}" for d in r["durations"])
         applied = "/".join(f"{n} of {r['rounds']}" for n in r["applied"].values())
         print(
             f"| {delay} ms | {speeds} | {speculative} | {exits} | {durations} | {applied} | "
             f"{r['missed']} | {r['zeros']} | {r['counted']} / {r['trained']} | "
-            f"{r['samples_per_s']:.1f} | {ratio:.2f} |"
+            f"{r['samples_per_s']:.1f} | {ratio} |"
         )
     return 0
 

@@ -175,3 +175,10 @@ def test_the_request_bodies_the_client_writes_are_what_the_stand_ins_serde_reads
         bodies.ACTION_SEND_REQUEST.decode(
             from_python({"resource": bodies.wire(action_era), "path": "x"}), ()
         )
+
+
+def test_a_batch_completed_without_batches_reads_as_one_batch() -> None:
+    """The earlier form, which upstream's own accelerate executor still reports."""
+    body = {"executor": "train", "details": {"state": "batch-completed", "batch_size": 8}}
+    request = ACTION_REQUEST.validate_python({"job_id": JOB_ID, "status": body})
+    assert request.status.details == batch_completed(8, 1)

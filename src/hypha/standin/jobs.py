@@ -227,4 +227,12 @@ def job_spec(
         train = TrainConfig.model_validate({**dict(config), "updates": peers, "results": peers})
         executor17 = ExecutorSpec(class_="train", descriptor=descriptor, config=train)
         job = Job(job_id=job_id, executor=executor17)
-    return job.model_dump(mode="json", by_alias=True)
+    spec = job.model_dump(mode="json", by_alias=True)
+    # Upstream's TrainExecutorConfig leaves these two out when unset
+    # (`skip_serializing_if = "Option::is_none"`, crates/messages/src/lib.rs @76fe471), where
+    # its other options are null; its own executor reads a present null as a table and fails.
+    written = spec["executor"]["config"]
+    for name in ("preprocessor", "scheduler"):
+        if written.get(name, ...) is None:
+            del written[name]
+    return spec

@@ -6,7 +6,8 @@ Upstream's types (crates/messages/src/lib.rs @3058282936, module `action`): a re
 `{"job_id", "next": {"executor": "train", "action": {"kind": ..., fields}}}`; deadlines are
 serde's SystemTime, `{"secs_since_epoch", "nanos_since_epoch"}`, absolute. Answers are read
 strictly here, once, into the typed actions below; the earlier forms of `execute-batch`
-(without `batches`, or with `lr_multiplier`) are accepted as one batch. Torch-free.
+(without `batches`, or with `lr_multiplier`) are accepted as one batch, and so is a
+`batch-completed` without `batches`. Torch-free.
 
 Declared once for both sides: the executor writes statuses and reads actions through what is
 here, the local stand-in reads statuses (its bridge refusing what serde refuses) and writes
@@ -38,7 +39,10 @@ class UnitStatus(Shape):
 class BatchCompletedStatus(Shape):
     state: Literal["batch-completed"]
     batch_size: U32
-    batches: U32
+    # The earlier form, `{batch_size}` alone, is read as one batch, as the train scheduler of
+    # that form counted it (`batch_scheduler.rs`, index id 66537813103): upstream's own
+    # accelerate executor still reports it (training.py, index id 66429791419).
+    batches: U32 = 1
 
 
 class SentUpdateStatus(Shape):
