@@ -3,7 +3,7 @@ action the scheduler answers with, report what came of it, until `terminate`.
 
     joined -> idle | wait-for-model
     execute-batch{n}      train n batches (n > 0)               -> batch-completed{batch_size, n}
-    execute-batch{0}      wait the minimum loop time            -> idle
+    execute-batch{0}      wait about a batch's time             -> idle
     send-update{t, w}     send w x (theta_local - theta_global) -> sent-update{round, metrics}
     apply-update{s, d}    theta_global += u, load it            -> applied-update
     idle{d}               wait until d                          -> idle
@@ -82,10 +82,17 @@ if TYPE_CHECKING:
     from hypha.accelerate_executor.training.diloco import GlobalWeights
     from hypha.accelerate_executor.training.speculative import AutoSpeculation, SpeculativeStep
 
-# The RFC's minimum loop time: an action that trains nothing (idle, waiting, execute-batch{0})
-# is not answered sooner than this after the previous status, so a scheduler that answers at
-# once is not asked again in a tight loop. Batches that train are reported at once.
+# The minimum loop time of upstream's executors (MIN_LOOP_TIME_MS): an action that trains
+# nothing (idle, waiting) is not answered sooner than this after the previous status, so a
+# scheduler that answers at once is not asked again in a tight loop. Batches that train are
+# reported at once.
 MIN_LOOP_S = 0.1
+# After `execute-batch{0}`, one of our own batches' time instead, within these bounds. The
+# scheduler's answer changes only once a peer reports a batch, about a batch of ours from
+# now in a pool of like workers; waiting the whole 100 ms left a fast device idle while its
+# peers took the round's last batches in turns (2 workers at 30 ms a batch: rounds 1.3-1.7x
+# longer; docs/protocol-actions.md, "execute-batch{0}").
+ZERO_BATCHES_WAIT_S = (0.02, MIN_LOOP_S)
 RECEIVE_DIR = "incoming"
 EXPORT_DIR = "model"  # the work dir's Hugging Face folder that push-to-hub uploads
 # How long the receive opened with a send stays open: the aggregate comes once the round's
@@ -115,6 +122,12 @@ class _Window:
     batches: int = 0
     seconds: float = 0.0  # the loop clock's TRAINING part, filled in when the window closes
     loss_sum: torch.Tensor | None = None
+
+
+def zero_batches_wait(batch_seconds: float) -> float:
+    """How long after its status `execute-batch{0}` is answered: about one of our batches."""
+    low, high = ZERO_BATCHES_WAIT_S
+    return min(max(batch_seconds, low), high)
 
 
 def status_after_batches(batch_size: int, batches: int) -> Status:
@@ -178,6 +191,7 @@ class ActionTrainer(Workbench):
         # Rank 0: the update merged while batches since our last send were held (_applied).
         self.straggler_update: dict[str, torch.Tensor] = {}
         self.said_lr_multiplier = False
+        self.batch_seconds = MIN_LOOP_S  # a recent batch's time, from asking to trained
         self.ahead: SpeculativeStep | None = None
         self.auto: AutoSpeculation | None = None  # None: speculating always, or never
         self.speculation_note = "speculative step off, as asked: each action is awaited"
@@ -303,7 +317,7 @@ class ActionTrainer(Workbench):
                 "its batch is trained at the job's own learning rate"
             )
         if batches == 0:
-            self.wait_until(0.0)
+            self.wait_until(0.0, zero_batches_wait(self.batch_seconds))
             return status_after_batches(self.job.config.batch_size, 0)
         for _ in range(batches):
             loss = self.ahead.stepped() if self.ahead is not None else None
@@ -314,6 +328,7 @@ class ActionTrainer(Workbench):
                 self.window.loss_sum = torch.zeros((), device=self.accelerator.device)
             self.window.loss_sum += loss
             self.window.batches += 1
+        self.batch_seconds = self.laps.since_lap / batches
         return status_after_batches(self.job.config.batch_size, batches)
 
     def send_update(self, target: ActionPeersReference, weight: float) -> Status:
@@ -575,10 +590,10 @@ class ActionTrainer(Workbench):
     def next_batch(self) -> Batch:
         return self.ahead.next_batch() if self.ahead is not None else super().next_batch()
 
-    def wait_until(self, deadline: float) -> None:
-        """Until the scheduler's deadline, and at least MIN_LOOP_S after the last action
-        ended (its status was sent then)."""
-        pause = max(deadline - time.time(), MIN_LOOP_S - self.laps.since_lap)
+    def wait_until(self, deadline: float, loop_s: float = MIN_LOOP_S) -> None:
+        """Until the scheduler's deadline, and at least `loop_s` after the last action ended
+        (its status was sent then)."""
+        pause = max(deadline - time.time(), loop_s - self.laps.since_lap)
         if pause > 0:
             time.sleep(pause)
 
