@@ -205,7 +205,8 @@ class ActionTrainer(Workbench):
             if speculative_step == "auto":
                 self.auto = AutoSpeculation(self.ranks.share, self.say)
                 self.speculation_note = (
-                    "speculative step auto: on and off tried in turns, the faster kept"
+                    "speculative step auto: tried in turns against awaiting each answer, "
+                    "kept where it pays"
                 )
 
     # The loop.
@@ -258,15 +259,19 @@ class ActionTrainer(Workbench):
         started: float,
         settled: float,
     ) -> None:
-        """Tells `auto` what a cycle took of what speculating changes: a batch cycle's asking
-        until the answer settled, and any cycle's training (speculative.py, AutoSpeculation)."""
+        """Tells `auto` what a cycle took of what speculating changes (speculative.py,
+        AutoSpeculation): every wait for an answer, and doing it unless it is a transfer or
+        the idle wait for the aggregate of an update we sent, the same either way."""
         import torch
 
         trained = action.batches if isinstance(action, ExecuteBatch) else 0
         if batch_cycle and auto.closes_turn and self.accelerator.device.type == "cuda":
             torch.cuda.synchronize(self.accelerator.device)
-        seconds = (settled - started) if batch_cycle else 0.0
-        if trained:
+        done = isinstance(action, ExecuteBatch) or (
+            isinstance(action, Idle) and not self.aggregate_due
+        )
+        seconds = settled - started
+        if done:
             seconds += time.perf_counter() - settled
         auto.cycle_ended(seconds, trained, batch_cycle)
 
