@@ -90,8 +90,8 @@ MIN_LOOP_S = 0.1
 # After `execute-batch{0}`, one of our own batches' time instead, within these bounds. The
 # scheduler's answer changes only once a peer reports a batch, about a batch of ours from
 # now in a pool of like workers; waiting the whole 100 ms left a fast device idle while its
-# peers took the round's last batches in turns (2 workers at 30 ms a batch: rounds 1.3-1.7x
-# longer; docs/protocol-actions.md, "execute-batch{0}").
+# peers took the round's batches in turns (2-3 workers at 20-70 ms a batch: rounds 1.3-1.5x
+# longer on a simulated clock; docs/protocol-actions.md, "execute-batch{0}").
 ZERO_BATCHES_WAIT_S = (0.02, MIN_LOOP_S)
 RECEIVE_DIR = "incoming"
 EXPORT_DIR = "model"  # the work dir's Hugging Face folder that push-to-hub uploads

@@ -21,7 +21,7 @@ executor on a CPU gains up to 1.7x from it, a GPU whose queue already hides the 
 about 1 %, and two executors on the same two cores lose up to a third (the gradient computed
 ahead takes a core the other's step or the bridge needed), besides the gradient dropped after
 each answer that trains nothing. So `auto` (the default) measures it where it runs:
-`AutoSpeculation` tries both ways in turns and keeps the faster.
+`AutoSpeculation` tries both ways in turns and speculates only where that pays.
 """
 
 from __future__ import annotations
@@ -160,9 +160,8 @@ class SpeculativeStep:
 # AutoSpeculation's schedule, in turns of TURN_CYCLES batch cycles: a turn awaiting each
 # answer to warm up (compilation, caches), then a trial of four turns (off, on, off, on: each
 # way twice, so that a trend in the host's load falls on both), then the chosen way for
-# HOLD_TURNS turns,
-# then a trial again (the host may have changed: another job started beside this one). About
-# 16 cycles in 224 run the slower way.
+# HOLD_TURNS turns, then a trial again (the host may have changed: another job started beside
+# this one). 16 cycles in every 224 run the way not chosen.
 TURN_CYCLES = 8
 TRIAL = (False, True, False, True)
 HOLD_TURNS = 24
@@ -189,7 +188,7 @@ class AutoSpeculation:
     the figure holds what speculating changes: the round trip hidden or not, a gradient
     computed ahead and dropped, a core shared with another executor, a GPU queue that hides
     the trip by itself, and the scheduler's own answers: reports that come at other times
-    draw more or fewer `execute-batch{0}` (measured: 4 in a run awaiting, 335 speculating, in
+    draw more or fewer `execute-batch{0}` (measured: 15 in a run awaiting, 351 speculating, in
     one pool), each a wait.
 
     Every rank counts the same cycles, since every rank sees the same actions; only rank 0's
@@ -240,7 +239,7 @@ class AutoSpeculation:
             yield from repeat(_Turn(self._decide(), timed=False), HOLD_TURNS)
 
     def _decide(self) -> bool:
-        """The trial's faster way, rank 0's on every rank; said when it changes."""
+        """The trial's choice, rank 0's on every rank; said when it changes."""
         rate = {way: self._batches[way] / max(self._seconds[way], 1e-9) for way in (True, False)}
         # A trial in which a way trained nothing (the round's end, the scheduler idling us)
         # compares nothing: the way kept stays (awaiting before any trial).
