@@ -250,7 +250,8 @@ def test_selftest_trains_on_the_cpu_through_the_executor(tmp_path: Path, generat
     [bridge] = [line for line in table if line.startswith("bridge ")]
     assert bridge.endswith("answers 20 ms late")
     if generation == "actions":
-        assert "speculative step on" in bridge and "speculative step on" in done.stderr
+        # The executor's default, auto: its trials and choice are its own lines.
+        assert "speculative step auto" in bridge and "speculative step auto" in done.stderr
     # The executor's lines are progress, on stderr, and the table alone is on stdout.
     assert "[selftest] round 1: loss" in done.stderr
     assert not any("round 1: loss" in line for line in table)

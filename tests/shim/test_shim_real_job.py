@@ -16,6 +16,7 @@ import pytest
 from shim_harness import WORKER_GID, WORKER_UID, shim_command
 
 from hypha.accelerate_executor.platform.image_tags import image_tags
+from hypha.standin.jobs import JOB_DEFAULTS
 
 if TYPE_CHECKING:
     from hypha.standin.jobs import JobKind
@@ -231,7 +232,7 @@ def test_default_hypha_job_through_worker_configs_shim_entry(
     summary = run_through_worker_configs_shim_entry("lenet", job_base, tmp_path, docker_api)
     assert summary["loss_ratio"] <= 0.6
     for worker in summary["workers"].values():
-        assert worker["rounds_completed"] == 6
+        assert worker["rounds_completed"] == JOB_DEFAULTS["lenet"]["rounds"]  # 10
         # Every status is one batch of the worker's 600 samples.
         assert all(round_["samples"] == 600 * round_["batches"] for round_ in worker["rounds"])
 
