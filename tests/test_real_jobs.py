@@ -186,7 +186,7 @@ def test_the_masked_lm_job_trains_offline(tmp_path: Path, short_tmp: Path) -> No
     from hypha.standin.demo import run_demo
     from hypha.standin.worker.executor_entries import preset
 
-    # Two workers, as the demo runs it (6 rounds of 30 batches): one worker alone sometimes
+    # Two workers, as the demo runs it (10 rounds of 30 batches): one worker alone sometimes
     # stalls on a plateau near 3.8 (2 of 12 runs on torch 2.8, x0.90-0.91 after 6 rounds),
     # which two workers' averaged updates leave (5 of 5 runs: x0.34-0.39).
     options = RunOptions.for_job("bert-mlm", workers=2, generation="alpha17")
