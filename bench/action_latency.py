@@ -1,6 +1,6 @@
 """The action protocol's samples/s with the scheduler's answers at once and 50 ms late: the
 executor with its speculative step against the same executor blocking on each action, and
-with `auto`, which tries both in turns as it runs and keeps the faster.
+with `auto`, which tries both in turns as it runs and speculates only where that pays.
 
     python bench/action_latency.py [--batches N] [--repeats N] [--delays 0,50] [--smoke]
 

@@ -68,7 +68,8 @@ def speculative_step(value: str) -> str:
     except SettingValueError:
         raise SettingValueError(
             f"accepted: {', '.join(SPECULATIVE_STEP_CHOICES)} "
-            f"(also {', '.join(TRUTHY[:-1])} for on, {', '.join(FALSY[:-1])} for off)"
+            f"(also {', '.join(v for v in TRUTHY if v != 'on')} for on, "
+            f"{', '.join(v for v in FALSY if v != 'off')} for off)"
         ) from None
 
 
@@ -151,7 +152,8 @@ SETTINGS: tuple[Setting, ...] = (
         "auto",
         "action protocol: compute the next batch's gradient while the scheduler's answer is on "
         "its way, step on it only if the answer is execute-batch: on, off (await each answer) "
-        "or auto (default: both tried in turns as the job runs, the faster kept)",
+        "or auto (default: both tried in turns as the job runs, speculating kept where it pays "
+        "1.05x)",
     ),
     Setting(
         "HYPHA_TRUST_REMOTE_CODE",
