@@ -354,8 +354,8 @@ def test_an_aggregate_pushed_before_apply_update_reaches_a_strict_bridge(
 
     def push_and_wait_for_the_bridge() -> None:
         pushed_seq = backend.push(zero_update(assets_dir))
-        # Returns once the bridge has the push and no receive waits any more.
-        until(lambda: backend.handed >= pushed_seq and bridge.receives_open() == 0)
+        # Returns once the bridge has the push and has answered a receive with it.
+        until(lambda: backend.handed >= pushed_seq and bridge.receives_answered() >= 1)
 
     def script(details: dict[str, Any]) -> Action:
         statuses_seen.append(details["state"])
@@ -429,6 +429,69 @@ def test_an_aggregate_pushed_without_apply_update_is_applied_in_its_round(
     # The second update is round 2's: round 1's aggregate was applied before its batch.
     assert [d["round"] for d in backend.statuses if d["state"] == "sent-update"] == [0, 1]
     assert "terminated by the scheduler after 2 round(s)" in out, out
+
+
+@pytest.mark.slow
+def test_a_round_aggregated_without_our_update_is_applied_while_we_train(
+    assets_dir: Path, short_tmp: Path
+) -> None:
+    """Upstream's quorum and grace time: a round can be aggregated while we still train, our
+    update not in it, and its parameter server pushes the aggregate at once; upstream's
+    worker refuses a push no open receive takes (the bridge here is strict). The receive
+    opened with our first send is kept open, so that aggregate is taken while we train and
+    applied before our next batch; the update we send next is round 3's, and the round
+    after it is applied on `apply-update` as usual."""
+    source = peers([PS], "All")
+    sends = 0
+    straggling = False
+
+    def within(seconds: float, condition: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + seconds
+        while not condition() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def push_at_once() -> None:
+        # The receive a moment ago's action left open, if any, is given time to be on the
+        # bridge; on a strict bridge a push with none open is dropped, not waited for.
+        within(5, lambda: bridge.receives_open() > 0)
+        answered = bridge.receives_answered()
+        seq = backend.push(zero_update(assets_dir))
+        until(lambda: backend.handed >= seq)
+        within(5, lambda: bridge.receives_answered() > answered)
+
+    def script(details: dict[str, Any]) -> Action:
+        nonlocal sends, straggling
+        match details["state"]:
+            case "joined":
+                return ExecuteBatch(2)
+            case "batch-completed" if sends == 1 and not straggling:
+                straggling = True
+                push_at_once()  # round 2, aggregated at a quorum without us
+                return ExecuteBatch(1)
+            case "batch-completed":
+                return SendUpdate(peers([PS], "One"), 1.0)
+            case "sent-update" if sends == 0:
+                sends = 1
+                push_at_once()  # round 1's aggregate, without apply-update
+                return ExecuteBatch(1)
+            case "sent-update":
+                sends = 2
+                push_once_receiving(bridge, backend, zero_update(assets_dir))
+                return ApplyUpdate(source, later(30))
+        return Terminate()
+
+    with action_bridge(assets_dir, short_tmp / "work", script) as (job_json, bridge, backend):
+        process = run_executor(job_json, bridge)
+        out, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err
+    states = [d["state"] for d in backend.statuses]
+    assert states == [
+        "joined", "batch-completed", "sent-update", "batch-completed", "batch-completed",
+        "sent-update", "applied-update",
+    ], err  # fmt: skip
+    assert [d["round"] for d in backend.statuses if d["state"] == "sent-update"] == [0, 2], err
+    assert "round 2's aggregate came without our update" in out, out
+    assert "terminated by the scheduler after 3 round(s)" in out, out
 
 
 @pytest.mark.slow

@@ -222,14 +222,17 @@ def test_executor_refuses_a_hostile_bridge_with_one_line(scripted_bridge, tmp_pa
     assert time.monotonic() - started < 60
 
 
-def test_an_early_receive_is_on_the_bridges_socket_before_it_returns(tmp_path: Path) -> None:
-    """The action loop reports `sent-update` right after opening its early receive, and that
+def test_a_standing_receive_is_on_the_bridges_socket_before_it_returns(tmp_path: Path) -> None:
+    """The action loop reports `sent-update` right after opening its standing receive, and that
     report is what makes the parameter server push: the receive's request must be on the
     bridge's socket by then, not on a thread that has yet to run (a push was lost so on a
     loaded machine). The bridge here accepts but never answers; checked without waiting."""
     import socket
 
-    from hypha.accelerate_executor.bridge.action_client import ActionBridgeClient, EarlyReceive
+    from hypha.accelerate_executor.bridge.action_client import (
+        ActionBridgeClient,
+        StandingReceive,
+    )
     from hypha.accelerate_executor.spec.job import ActionPeersReference
 
     path = tmp_path / "bridge.sock"
@@ -241,7 +244,7 @@ def test_an_early_receive_is_on_the_bridges_socket_before_it_returns(tmp_path: P
     )
     client = ActionBridgeClient(path, tmp_path, "job-1")
     with listener:
-        EarlyReceive(client, source, "incoming", time.time() + 60)
+        StandingReceive(client, source, "incoming")
         listener.setblocking(False)
         connection, _ = listener.accept()  # raises BlockingIOError when nothing connected yet
         with connection:

@@ -299,7 +299,7 @@ def test_a_scheduler_clock_minutes_off_neither_hangs_nor_loses_the_aggregate(
     """Deadlines are the scheduler's wall clock, read by the worker with its own. A
     scheduler 5 minutes behind sends deadlines already past: the executor opens no receive
     with one (upstream's bridge would wait for ever), waits nothing, and still applies the
-    aggregate, which its early receive (deadline of its own clock) took. A scheduler 5
+    aggregate, which its standing receive (deadline of its own clock) took. A scheduler 5
     minutes ahead makes `apply-update` wait no longer than the file takes: it is there."""
 
     def skewed(seconds: float) -> float:
@@ -313,10 +313,10 @@ def test_a_scheduler_clock_minutes_off_neither_hangs_nor_loses_the_aggregate(
                 return SendUpdate(peers([PS], "One"), 1.0)
             case "sent-update":
                 seq = backend.push(zero_update(assets_dir))
-                until(lambda: backend.handed >= seq and bridge.receives_open() == 0)
+                until(lambda: backend.handed >= seq and bridge.receives_answered() >= 1)
                 return ApplyUpdate(peers([PS], "All"), skewed(5))
             case "error" | "idle" if len(backend.statuses) < 40:
-                # The early receive's answer may still be on its way: `idle`, then again.
+                # The standing receive's answer may still be on its way: `idle`, then again.
                 return (
                     Idle(skewed(0.2))
                     if details["state"] == "error"

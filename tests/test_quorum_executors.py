@@ -42,8 +42,9 @@ def test_a_slow_workers_updates_land_in_the_next_round_and_nothing_is_lost(
 
         def run(name: str) -> None:
             worker = LocalWorker(
-                name, preset("process"), short_tmp, env={"OMP_NUM_THREADS": threads}
-            )
+                name, preset("process"), short_tmp, env={"OMP_NUM_THREADS": threads},
+                strict_receive=True,
+            )  # fmt: skip
             before = late_report if name == "w3" else (lambda state: None)
             backend = lambda job_id: Watched(client.backend(job_id), before)  # noqa: E731
             codes[name] = serve_one_job(client, worker, backend)

@@ -4,18 +4,20 @@ probe that tells the two generations apart.
 Beside alpha.17's fetch (unchanged, BridgeClient's): `POST /action/update` reports a status
 and returns the next action; `POST /resources/send` returns once every target has the bytes
 and always carries `remove_file`; `POST /resources/receive` waits for one file until an
-absolute deadline and answers it as JSON, or 204 when none came. An `EarlyReceive` is such
-a receive opened on a thread of its own before the action that wants its file arrives.
+absolute deadline and answers it as JSON, or 204 when none came. A `StandingReceive` keeps
+such a receive open on a thread of its own, one after the other, its files queued.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import queue
 import select
 import socket
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from hypha.accelerate_executor.bridge.actions import (
@@ -55,8 +57,14 @@ REFUSED_BEFORE_S = 1.0
 ANSWER_POLL_S = 1.0
 # The probe's whole budget: a bridge that does not answer it in this long answers nothing.
 PROBE_TIMEOUT_S = 10.0
-# How long an early receive may take to put its request on the bridge's socket (EarlyReceive).
+# How long a standing receive may take to put its request on the bridge's socket.
 SENT_WAIT_S = 10.0
+# Each receive of a StandingReceive: the aggregate comes once the round's slowest peer has
+# sent too, which can be a whole window of training after us; an open receive costs nothing
+# while it waits, and the next opens when it ends empty.
+STANDING_RECEIVE_S = 3600.0
+# After a receive the bridge refused for good: the pause before the next.
+RECEIVE_AGAIN_S = 1.0
 
 
 def probe_generation(socket_path: Path) -> Generation | None:
@@ -173,60 +181,72 @@ def written_since(directory: Path, since: float) -> bool:
         return False
 
 
-class EarlyReceive:
-    """One `receive_one` running on a daemon thread, opened before the action that wants its
-    file: a bridge may drop a push that comes while no receive is open, and the push can come
-    before the action does (docs/protocol-actions.md, the action loop). Its file, its 204 or
-    its failure is taken with `wait` and `outcome`. Daemon: a job that ends while it waits
-    leaves without joining it (entry.exit_without_teardown)."""
+class StandingReceive:
+    """A receive from `reference`'s peers kept open on a daemon thread: each file it gets is
+    moved aside (the bridge writes the next push from the same peer to the same path) and
+    queued, and the next receive opens at once. Upstream's worker refuses a push that comes
+    while no receive is open, and a parameter server pushes when it has aggregated, which
+    may be before the action that wants the file, or while we still train (docs/protocol-
+    actions.md, the action loop). Files are taken, oldest first, with `take`. Daemon: a job
+    that ends while it waits leaves without joining it (entry.exit_without_teardown)."""
 
     def __init__(
-        self,
-        client: ActionBridgeClient,
-        reference: ActionPeersReference,
-        relative_dir: str,
-        deadline: float,
+        self, client: ActionBridgeClient, reference: ActionPeersReference, relative_dir: str
     ) -> None:
         self.reference = reference
-        self._done = threading.Event()
-        self._file: ReceivedFile | None = None
-        self._failure: Exception | None = None
+        self._files: queue.Queue[ReceivedFile] = queue.Queue()
+        self._ended: Exception | None = None  # what ended the loop (the bridge gone, ...)
         self._sent = threading.Event()
         self._thread = threading.Thread(
-            target=self._receive,
-            args=(client, relative_dir, deadline),
-            name="early-receive",
+            target=self._keep_open,
+            args=(client, relative_dir),
+            name="standing-receive",
             daemon=True,
         )
         self._thread.start()
         # Back only once the request is on the bridge's socket: the caller reports next what
         # makes the push come, and a thread not yet scheduled (seen on a loaded machine) had
         # opened nothing when the push came. Bounded: a bridge that never takes the request
-        # fails the receive, or its apply-update, later.
+        # leaves `take` waiting until its deadline.
         deadline_sent = time.monotonic() + SENT_WAIT_S
-        while not self._sent.wait(0.05) and not self._done.is_set():
+        while not self._sent.wait(0.05) and self._thread.is_alive():
             if time.monotonic() > deadline_sent:
                 break
 
-    def _receive(self, client: ActionBridgeClient, relative_dir: str, deadline: float) -> None:
+    def _keep_open(self, client: ActionBridgeClient, relative_dir: str) -> None:
+        taken = 0
         try:
-            self._file = client.receive_one(self.reference, relative_dir, deadline, self._sent)
-        except Exception as exc:  # raised again where the outcome is taken
-            self._failure = exc
-        finally:
-            self._done.set()
+            while True:
+                deadline = time.time() + STANDING_RECEIVE_S
+                try:
+                    received = client.receive_one(
+                        self.reference, relative_dir, deadline, self._sent
+                    )
+                except BridgeError:
+                    time.sleep(RECEIVE_AGAIN_S)  # tried again already (retry.py); and again
+                    continue
+                if received is None:
+                    continue  # its deadline passed with nothing: open the next
+                taken += 1
+                aside = received.path.with_name(f"{received.path.name}.{taken}")
+                received.path.rename(aside)
+                self._files.put(replace(received, path=aside))
+        except Exception as exc:  # raised again by `take` once the files before it are taken
+            self._ended = exc
 
-    def wait(self, deadline: float) -> bool:
-        """Whether it has ended by `deadline` (seconds since the epoch)."""
-        return self._done.wait(max(0.0, deadline - time.time()))
+    def take(self, deadline: float) -> ReceivedFile | None:
+        """The oldest file received and not yet taken, waiting for one until `deadline`
+        (seconds since the epoch); None when none came. Once the loop has ended, what
+        ended it is raised when no file is left."""
+        while True:
+            try:
+                return self._files.get(timeout=min(0.5, max(0.0, deadline - time.time())))
+            except queue.Empty:
+                if self._ended is not None and self._files.empty():
+                    raise self._ended from None
+                if time.time() >= deadline:
+                    return None
 
-    def ended_without_file(self) -> bool:
-        """Ended with a 204 or a failure: nothing of it is left to take."""
-        return self._done.is_set() and self._file is None
-
-    def outcome(self) -> ReceivedFile | None:
-        """Once ended: its file, None for a 204; what the receive raised, raised again."""
-        assert self._done.is_set()
-        if self._failure is not None:
-            raise self._failure
-        return self._file
+    def holds_file(self) -> bool:
+        """A file has come that is not taken yet."""
+        return not self._files.empty()

@@ -22,11 +22,15 @@ part in the action's collectives (the steps, gathering the weights, loading them
 rank 0 shares whether its own part (a send, a receive) worked before the others load
 anything.
 
-Never a lost update: a bridge may drop a push that no open receive takes, and the
+Never a lost update: upstream's worker refuses a push that no open receive takes (the
+pusher's stream is refused; its parameter server's whole broadcast fails), and the
 parameter server can push the aggregate before `apply-update` reaches us, even before our
-own send returns when ours completes the round. So rank 0 opens its receive from the send's
-target before it sends an update (an EarlyReceive), and `apply-update` takes the file from it. A
-`receive-model`'s source is named only by the action itself, so that receive opens then.
+own send returns when ours completes the round, or while we still train (a round closed at
+a quorum without our update). So before its first send rank 0 opens a receive from the
+send's target and keeps one open from then on (a StandingReceive, its files queued);
+`apply-update` takes the oldest aggregate from it, and one it holds is applied before the
+next action that trains or uses the model. A `receive-model`'s source is named only by the
+action itself, so that receive opens then.
 
 Never a stale status: each action is answered with the status of what it did, so a sample
 is reported once (upstream resends its previous status after `execute-batch{0}`).
@@ -76,7 +80,10 @@ from hypha.accelerate_executor.training.workbench import Workbench
 if TYPE_CHECKING:
     import torch
 
-    from hypha.accelerate_executor.bridge.action_client import ActionBridgeClient, EarlyReceive
+    from hypha.accelerate_executor.bridge.action_client import (
+        ActionBridgeClient,
+        StandingReceive,
+    )
     from hypha.accelerate_executor.bridge.client import ReceivedFile
     from hypha.accelerate_executor.training.data import Batch
     from hypha.accelerate_executor.training.diloco import GlobalWeights
@@ -95,12 +102,8 @@ MIN_LOOP_S = 0.1
 ZERO_BATCHES_WAIT_S = (0.02, MIN_LOOP_S)
 RECEIVE_DIR = "incoming"
 EXPORT_DIR = "model"  # the work dir's Hugging Face folder that push-to-hub uploads
-# How long the receive opened with a send stays open: the aggregate comes once the round's
-# slowest peer has sent too, which can be a whole window of training after us. An open
-# receive costs nothing while it waits; when it ends empty, `apply-update` opens its own.
-EARLY_RECEIVE_S = 3600.0
 # An action that trains after our send, with no `apply-update` between, means the round has
-# moved on: the aggregate is on our bridge, or on its way to the early receive. How long it
+# moved on: the aggregate is on our bridge, or on its way to the standing receive. How long it
 # may take to come out of the receive before the action goes on without it (a push the
 # bridge dropped); a later one is still applied at the next action that uses the model.
 HELD_AGGREGATE_WAIT_S = 10.0
@@ -183,7 +186,8 @@ class ActionTrainer(Workbench):
         self.updates_sent = 0
         self.models_sent = 0
         self.window = _Window()
-        self.early: EarlyReceive | None = None  # rank 0's receive opened with a send
+        # Rank 0's receive from the parameter servers, kept open from our first send on.
+        self.standing: StandingReceive | None = None
         # On every rank: an update was sent and its round's aggregate is not applied yet;
         # late: it did not come within the wait, so each action looks for it once more.
         self.aggregate_due = False
@@ -221,12 +225,16 @@ class ActionTrainer(Workbench):
             while status is not None:
                 batch_cycle = status.state in BEFORE_A_BATCH
                 started = time.perf_counter()
-                action = self.ranks.share(self._ask_and_compute(status))
+                # With the answer, whether an aggregate came that no send of ours made due
+                # (a round closed without us): every rank learns both in one collective.
+                action, arrived = self.ranks.share(
+                    (self._ask_and_compute(status), self._aggregate_arrived())
+                )
                 trains = isinstance(action, ExecuteBatch) and action.batches > 0
                 if self.ahead is not None:
                     self.ahead.settle(trains)
                 settled = time.perf_counter()
-                status = self.perform(action)
+                status = self.perform(action, arrived)
                 self.laps.lap(TRAINING if trains else OTHER)
                 if self.auto is not None:
                     self._time_cycle(self.auto, action, batch_cycle, started, settled)
@@ -278,12 +286,13 @@ class ActionTrainer(Workbench):
     def _ask(self, status: Status) -> Action | None:
         return self.client.update(status) if self.client is not None else None
 
-    def perform(self, action: Action | None) -> Status | None:
-        """Does `action` on every rank; rank 0's status of it, or None at `terminate`."""
+    def perform(self, action: Action | None, arrived: bool = False) -> Status | None:
+        """Does `action` on every rank; rank 0's status of it, or None at `terminate`.
+        `arrived`: rank 0's standing receive holds an aggregate (apply_held_aggregate)."""
         if isinstance(action, SendUpdate | SendModel) or (
             isinstance(action, ExecuteBatch) and action.batches > 0
         ):
-            self.apply_held_aggregate()
+            self.apply_held_aggregate(arrived)
         match action:
             case ExecuteBatch(batches=batches, lr_multiplier=multiplier):
                 return self.execute_batches(batches, multiplier)
@@ -391,7 +400,7 @@ class ActionTrainer(Workbench):
         assert self.client is not None
         # Open before the send: ours may be the round's last update, and the parameter
         # server can push the aggregate as soon as it has it, before the send returns.
-        self._open_early_receive(target)
+        self._open_standing_receive(target)
         try:
             self.client.send_file(target, relative, remove_file=True)
         except BridgeError as exc:
@@ -406,23 +415,31 @@ class ActionTrainer(Workbench):
         straggler): its drift since then is kept on top (_applied)."""
         problem = None
         if self.client is not None:
-            problem = self._receive_into(source, deadline, self._merge, early=True)
+            problem = self._receive_into(source, deadline, self._merge, standing=True)
         problem = self.ranks.share(problem)
         if problem is not None:
             return problem
         self._applied()
         return APPLIED_UPDATE
 
-    def apply_held_aggregate(self) -> None:
+    def apply_held_aggregate(self, arrived: bool = False) -> None:
         """Before an action that trains or uses the model: the aggregate that came without
         an `apply-update` (upstream's order), merged and loaded as `apply-update` does.
         Waits for it only while one is due since our send; one that came later than that
-        wait is applied whenever it is found."""
-        if not (self.aggregate_due or self.aggregate_late):
+        wait is applied whenever it is found. `arrived`: one came that no send of ours made
+        due, a round closed at a quorum without our update; applied too, the batches
+        trained since our last send kept on top (_applied)."""
+        if not (self.aggregate_due or self.aggregate_late or arrived):
             return  # the common case, with no collective
         applied = False
         if self.client is not None:
             applied = self._merge_held()
+            if applied and not (self.aggregate_due or self.aggregate_late):
+                self.say(
+                    f"round {self.round + 1}'s aggregate came without our update (the round "
+                    "closed at a quorum without us); applied, the batches since our last "
+                    "send kept on top of it for our next one"
+                )
         applied = self.ranks.share(applied)
         if applied:
             self._applied()
@@ -431,25 +448,21 @@ class ActionTrainer(Workbench):
             self.aggregate_due, self.aggregate_late = False, True
 
     def _merge_held(self) -> bool:
-        """Rank 0: whether the early receive held an aggregate that is now merged."""
-        early = self.early
-        if early is None:
+        """Rank 0: whether the standing receive held an aggregate that is now merged."""
+        if self.standing is None:
             return False
         wait_s = HELD_AGGREGATE_WAIT_S if self.aggregate_due else 0.0
-        if not early.wait(time.time() + wait_s):
+        try:
+            received = self.standing.take(time.time() + wait_s)
+        except BridgeError as exc:
+            self.say(f"round {self.round + 1}'s aggregate was not received: {exc}")
+            return False
+        if received is None:
             if self.aggregate_due:
                 self.say(
                     f"round {self.round + 1}'s aggregate did not come within {wait_s:g} s of "
                     "the next action; training on, it is applied once it comes"
                 )
-            return False
-        self.early = None
-        try:
-            received = early.outcome()
-        except BridgeError as exc:
-            self.say(f"round {self.round + 1}'s aggregate was not received: {exc}")
-            return False
-        if received is None:
             return False
         try:
             self._merge(received.path)
@@ -459,6 +472,10 @@ class ActionTrainer(Workbench):
         finally:
             received.path.unlink(missing_ok=True)
         return True
+
+    def _aggregate_arrived(self) -> bool:
+        """Rank 0: the standing receive holds an aggregate (False on the other ranks)."""
+        return self.standing is not None and self.standing.holds_file()
 
     def _merge(self, path: Path) -> int:
         """Rank 0: theta_global += the update at `path`. An update that lacks tensors the
@@ -602,33 +619,27 @@ class ActionTrainer(Workbench):
         if pause > 0:
             time.sleep(pause)
 
-    def _open_early_receive(self, target: ActionPeersReference) -> None:
-        """Rank 0, before a send: a receive from every peer of the send's target (the
-        parameter servers; the one that takes the update pushes the aggregate), unless one
-        is still open or holds a file: an open receive takes the next push, so a second
-        beside it would not."""
-        from hypha.accelerate_executor.bridge.action_client import EarlyReceive
+    def _open_standing_receive(self, target: ActionPeersReference) -> None:
+        """Rank 0, before its first send: a receive from every peer of the send's target (the
+        parameter servers; the one that takes the update pushes the aggregate), kept open
+        from then on. One at a time: upstream's worker registers a single receive, and a
+        second beside it is refused."""
+        from hypha.accelerate_executor.bridge.action_client import StandingReceive
 
         assert self.client is not None
-        if self.early is None or self.early.ended_without_file():
-            deadline = time.time() + EARLY_RECEIVE_S
+        if self.standing is None:
             source = target.model_copy(update={"strategy": Strategy(type="All")})
-            self.early = EarlyReceive(self.client, source, RECEIVE_DIR, deadline)
+            self.standing = StandingReceive(self.client, source, RECEIVE_DIR)
 
     def _receive(
-        self, source: ActionPeersReference, deadline: float, early: bool
+        self, source: ActionPeersReference, deadline: float, standing: bool
     ) -> ReceivedFile | None:
-        """Rank 0: one file from `source` before `deadline`, None when none came; from the
-        receive opened with the send when `early` and there is one for `source`. One still
-        open at the deadline is kept for the next `apply-update`."""
+        """Rank 0: one file from `source` before `deadline`, None when none came; with
+        `standing`, the oldest from the standing receive when there is one for `source`."""
         assert self.client is not None
-        pending = self.early if early else None
-        if pending is not None and set(pending.reference.peers) <= set(source.peers):
-            if not pending.wait(deadline):
-                return None
-            self.early = None
-            if (received := pending.outcome()) is not None:
-                return received
+        kept = self.standing if standing else None
+        if kept is not None and set(kept.reference.peers) <= set(source.peers):
+            return kept.take(deadline)
         return self.client.receive_one(source, RECEIVE_DIR, deadline)
 
     def _receive_into(
@@ -636,12 +647,12 @@ class ActionTrainer(Workbench):
         source: ActionPeersReference,
         deadline: float,
         use: Callable[[Path], int],
-        early: bool = False,
+        standing: bool = False,
     ) -> Status | None:
         """Rank 0: one file from `source` before `deadline` (see `_receive`), handed to
         `use(path)`; an error status when none came or it could not be used."""
         try:
-            received = self._receive(source, deadline, early)
+            received = self._receive(source, deadline, standing)
         except BridgeError as exc:
             return error_status("connection", f"receiving failed: {exc}")
         if received is None:

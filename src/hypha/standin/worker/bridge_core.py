@@ -91,6 +91,7 @@ class JobBridge:
         # the queue it waits on, oldest first; and the pushes kept for the next receive.
         self._receives: list[tuple[set[str], queue.Queue[Push]]] = []
         self._inbox: list[Push] = []
+        self._answered = 0  # receives answered with a file
         self.work_dir = Path(work_dir)
         self.backend = backend
         self.owner = owner if owner is not None and os.geteuid() == 0 else None
@@ -282,12 +283,19 @@ class JobBridge:
         rel = f"{directory.relative_to(self._real_work_dir).as_posix()}/{push.from_peer}"
         produce = partial(_write_slowly, push.data, stream_s) if stream_s else None
         size = self._write(self._relative(rel), produce or partial(_write_bytes, push.data))
+        with self._lock:
+            self._answered += 1
         return {"path": rel, "size": size, "from_peer": push.from_peer}
 
     def receives_open(self) -> int:
         """How many action-era receives are waiting now."""
         with self._lock:
             return len(self._receives)
+
+    def receives_answered(self) -> int:
+        """How many action-era receives have been answered with a file so far."""
+        with self._lock:
+            return self._answered
 
     def _next_push(self, mine: queue.Queue[Push], deadline: float | None) -> Push | None:
         while not self._stopping.is_set():
@@ -420,6 +428,9 @@ class JobBridge:
             return
         with self._lock:
             rel = f"{self._receive_dir}/{push.from_peer}"
+            # The stream open as the push came: one opened while it is written is told of
+            # the pushes after it only.
+            stream, peers = self._stream, self._stream_peers
 
         def produce(out: BinaryIO) -> None:
             out.write(push.data)
@@ -429,8 +440,6 @@ class JobBridge:
         except BridgeRefusal as exc:
             self.log(f"could not store the push from {push.from_peer}: {exc.body.decode()}")
             return
-        with self._lock:
-            stream, peers = self._stream, self._stream_peers
         if stream is not None and (not peers or push.from_peer in peers):
             stream.put({"path": rel, "size": size, "from_peer": push.from_peer})
 
