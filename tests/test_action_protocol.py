@@ -194,6 +194,18 @@ def test_the_probe_and_the_action_era_routes(assets_dir: Path, short_tmp: Path) 
         received = client.receive_one(target, "incoming", time.time() + 30)
         assert received is not None and received.from_peer == PS
         assert received.path.read_bytes() == b"an update"
+        # Strict: one receive at a time; a second beside it is answered 204 at once (the
+        # client asks again until its deadline), and the push goes to the first.
+        first: list[Any] = []
+        opened = threading.Thread(
+            target=lambda: first.append(client.receive_one(target, "first", time.time() + 30))
+        )
+        opened.start()
+        until(lambda: bridge.receives_open() == 1)
+        assert client.receive_one(target, "second", time.time() + 1.5) is None
+        push_once_receiving(bridge, backend, b"the next")
+        opened.join(30)
+        assert first[0] is not None and first[0].path.read_bytes() == b"the next"
         with pytest.raises(BridgeError, match="422"):
             client._post_json("/resources/send", {"resource": wire(target), "path": "x"}, 5)
         with pytest.raises(BridgeError, match="404"):

@@ -153,8 +153,9 @@ def _worker_options_parser() -> OneLineArgumentParser:
     worker.add_argument(
         "--strict-receive",
         action="store_true",
-        help="actions only: the bridge drops a push that comes while no receive of the job is "
-        "open, as upstream's connector may, instead of keeping it for the next receive",
+        help="actions only, as upstream's worker: the bridge drops a push that comes while no "
+        "receive of the job is open, instead of keeping it for the next receive, and answers "
+        "a receive beside an open one 204 at once",
     )
     worker.add_argument(
         "--fault",

@@ -14,8 +14,11 @@ target has the bytes and deletes the file when asked (`remove_file`), and a rece
 waits for one push until its deadline (204 when none came). A deadline already past sets no
 timer at all, as upstream's: such a receive waits until the job ends. A push goes to the
 first open receive that allows its peer. One that arrives while none is open is kept for the
-next receive, or with `strict_receive` dropped and logged, as upstream's connector may drop a
-stream no receive has registered (docs/protocol-actions.md: why strict is not the default).
+next receive, or with `strict_receive` dropped and logged, as upstream's worker refuses it
+(its connector registers the push protocol with libp2p only while a receive is open, one
+receive at a time); strict, a receive beside an open one is also answered 204 at once, as
+upstream's is (docs/protocol-actions.md: "A push with no receive open", and why strict is
+not the default).
 """
 
 from __future__ import annotations
@@ -80,7 +83,8 @@ class JobBridge:
         strict_receive: bool = False,
     ) -> None:
         """`job_id`: the job an action-era bridge serves; requests for another are refused.
-        `strict_receive`: an action-era push that no open receive takes is dropped."""
+        `strict_receive`: as upstream's worker, an action-era push that no open receive
+        takes is dropped, and a receive beside an open one is answered 204 at once."""
         self.generation: Generation = generation
         self.job_id = job_id
         self.strict_receive = strict_receive
@@ -267,6 +271,9 @@ class JobBridge:
         deadline = _deadline_of(request)
         mine: queue.Queue[Push] = queue.Queue()
         with self._lock:
+            if self.strict_receive and self._receives:
+                self.log("refused a receive: one of the job is open already (strict_receive)")
+                return None
             kept, self._inbox = self._inbox, []
             for held in kept:
                 self._offer(mine, allowed, held)

@@ -81,7 +81,8 @@ class LocalWorker:
         """`generation`: the bridge this worker serves, as a Hypha release's worker does
         (alpha.17's, or the action protocol's of later releases); None: the one the
         coordinator plays, as its job shows (an action-era job names no `updates`).
-        `strict_receive`: its action-era bridge drops a push no open receive takes."""
+        `strict_receive`: its action-era bridge plays upstream's: a push no open receive
+        takes is dropped, a receive beside an open one answered 204 at once."""
         self.generation = generation
         self.strict_receive = strict_receive
         self.faults = faults  # answered by each job's bridge (faults.py)
