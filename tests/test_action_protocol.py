@@ -187,8 +187,15 @@ def test_the_probe_and_the_action_era_routes(assets_dir: Path, short_tmp: Path) 
         # A deadline that has passed is never sent: the bridge would wait for ever.
         assert client.receive_one(target, "incoming", time.time() - 1) is None
         assert client.receive_one(target, "incoming", time.time() + 0.3) is None  # 204
-        # Strict: a push that comes while no receive is open is dropped.
+        # Strict: a push that comes while no receive is open is dropped; a peer's only once
+        # its sender's tries are over (upstream's bridge tries a refused send for a while).
         bridge._deliver(Push(100, PS, b"nobody receives this"))
+        assert client.receive_one(target, "incoming", time.time() + 0.3) is None
+        bridge._deliver(Push(101, PS, b"tried again", retry_s=5.0))
+        received = client.receive_one(target, "incoming", time.time() + 0.3)
+        assert received is not None and received.path.read_bytes() == b"tried again"
+        bridge._deliver(Push(102, PS, b"tried too briefly", retry_s=0.1))
+        time.sleep(0.5)
         assert client.receive_one(target, "incoming", time.time() + 0.3) is None
         push_once_receiving(bridge, backend, b"an update")
         received = client.receive_one(target, "incoming", time.time() + 30)

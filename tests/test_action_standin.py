@@ -55,18 +55,20 @@ def test_a_late_joiner_starts_from_the_trained_model_and_tied_gpt2_merges(
             for i in (1, 2, 3)
         ]
         codes: dict[str, int] = {}
+        joiner_is_waiting = threading.Event()
         joiner_has_the_model = threading.Event()
 
         def held(state: str) -> bool:
             """Whether a status of w1's or w2's waits. The joiner starts once round 1 has
             begun, and its executor may start more slowly than rounds pass (under load it
             once got the model in the last round and trained nothing). So the other two
-            train on in round 1 once its job is assigned (the next applied-update then sends
-            it the model), and from round 2 on once it has the model."""
+            train on in round 1 once its executor is up and waiting (its first
+            `waited-for-model`): the next `applied-update` sends it the model, which then
+            finds its receive within the sender's tries, as upstream's worker needs; and
+            from round 2 on once it has the model."""
             if state != "batch-completed" or coordinator.actions is None:
                 return False
-            assigned = "w3" in coordinator.summary()["workers"]
-            return (coordinator.actions.round >= 1 and not assigned) or (
+            return (coordinator.actions.round >= 1 and not joiner_is_waiting.is_set()) or (
                 coordinator.actions.round >= 2 and not joiner_has_the_model.is_set()
             )
 
@@ -76,6 +78,8 @@ def test_a_late_joiner_starts_from_the_trained_model_and_tied_gpt2_merges(
                 joiner_has_the_model.wait(0.2)
 
         def note_the_model(state: str) -> None:
+            if state == "waited-for-model":
+                joiner_is_waiting.set()
             if state == "received-model":
                 joiner_has_the_model.set()
 

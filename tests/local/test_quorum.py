@@ -22,6 +22,7 @@ from hypha.accelerate_executor.bridge.actions import (
     ReceiveModel,
     SendModel,
     SendUpdate,
+    Terminate,
     WaitForModel,
     batch_completed,
     sent_update,
@@ -173,3 +174,21 @@ def test_a_joiner_sent_the_model_before_its_joined_is_not_sent_another() -> None
     assert s.senders() == [w1, w3]  # it trains from the model on its way: a round waits for it
     assert isinstance(s.answer(w3, WAITED_FOR_MODEL), ReceiveModel)
     assert not isinstance(s.answer(w1, APPLIED_UPDATE), SendModel)  # no second model
+
+
+def test_a_joiner_still_waiting_once_the_model_is_pushed_is_told_to_terminate() -> None:
+    """Upstream's scheduler cancels the job once the final model is pushed, which ends a
+    joiner still waiting for a model; the stand-in, which leaves the cancel out, answers
+    that joiner's next `waited-for-model` with `terminate` instead of waiting for ever."""
+    w1, w3, ps = "12D3KooWw1", "12D3KooWw3", "12D3KooWPs"
+    s = ActionScheduler(BATCH, 1, ps, clock=lambda: 0.0, wall=lambda: 1.7e9)
+    s.add_worker(w1, BATCH)
+    s.answer(w1, batch_completed(BATCH, 1))
+    s.answer(w1, sent_update(0, {}))
+    s.aggregated()
+    s.broadcasted()  # the only round: training is complete
+    s.add_worker(w3, BATCH)  # assigned after it
+    assert isinstance(s.answer(w3, JOINED), WaitForModel)
+    assert isinstance(s.answer(w1, APPLIED_UPDATE), Idle)
+    assert isinstance(s.answer(w1, IDLE), Terminate)  # no destination: the push is done
+    assert isinstance(s.answer(w3, WAITED_FOR_MODEL), Terminate)

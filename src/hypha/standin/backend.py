@@ -23,13 +23,23 @@ class RemoteFile:
     blob: str
 
 
-@dataclass(frozen=True)
+# How long upstream's worker's bridge goes on trying a send that a peer's worker refused (no
+# receive open): 20 tries 50 ms apart, each pause scaled by a random factor in [0, 1)
+# (`send_resource`, crates/worker/src/executor/bridge.rs, index id 66437242790), about half a
+# second. A parameter server's broadcast is not tried again (its executor, index id
+# 66485112720).
+PEER_SEND_RETRY_S = 0.5
+
+
+@dataclass(frozen=True, eq=False)
 class Push:
-    """A file a peer pushed to this job; `seq` orders the pushes of one job."""
+    """A file a peer pushed to this job; `seq` orders the pushes of one job. `retry_s`: how
+    long its pusher goes on trying while the job's worker refuses it (no receive open)."""
 
     seq: int
     from_peer: str
     data: bytes
+    retry_s: float = 0.0
 
 
 class BridgeBackend(Protocol):

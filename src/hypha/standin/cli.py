@@ -154,8 +154,8 @@ def _worker_options_parser() -> OneLineArgumentParser:
         "--strict-receive",
         action="store_true",
         help="actions only, as upstream's worker: the bridge drops a push that comes while no "
-        "receive of the job is open, instead of keeping it for the next receive, and answers "
-        "a receive beside an open one 204 at once",
+        "receive of the job is open (a peer's, once its sender's tries are over) instead of "
+        "keeping it for the next receive, and answers a receive beside an open one 204 at once",
     )
     worker.add_argument(
         "--fault",

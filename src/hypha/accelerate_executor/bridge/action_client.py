@@ -196,6 +196,7 @@ class StandingReceive:
         self.reference = reference
         self._files: queue.Queue[ReceivedFile] = queue.Queue()
         self._ended: Exception | None = None  # what ended the loop (the bridge gone, ...)
+        self._failed: BridgeError | None = None  # the last refusal since a receive ended well
         self._sent = threading.Event()
         self._thread = threading.Thread(
             target=self._keep_open,
@@ -222,9 +223,11 @@ class StandingReceive:
                     received = client.receive_one(
                         self.reference, relative_dir, deadline, self._sent
                     )
-                except BridgeError:
+                except BridgeError as exc:
+                    self._failed = exc
                     time.sleep(RECEIVE_AGAIN_S)  # tried again already (retry.py); and again
                     continue
+                self._failed = None
                 if received is None:
                     continue  # its deadline passed with nothing: open the next
                 taken += 1
@@ -236,8 +239,9 @@ class StandingReceive:
 
     def take(self, deadline: float) -> ReceivedFile | None:
         """The oldest file received and not yet taken, waiting for one until `deadline`
-        (seconds since the epoch); None when none came. Once the loop has ended, what
-        ended it is raised when no file is left."""
+        (seconds since the epoch); None when none came, or the bridge's last refusal when
+        its receives were refused since. Once the loop has ended, what ended it is raised
+        when no file is left."""
         while True:
             try:
                 return self._files.get(timeout=min(0.5, max(0.0, deadline - time.time())))
@@ -245,6 +249,8 @@ class StandingReceive:
                 if self._ended is not None and self._files.empty():
                     raise self._ended from None
                 if time.time() >= deadline:
+                    if self._failed is not None:
+                        raise self._failed from None
                     return None
 
     def holds_file(self) -> bool:

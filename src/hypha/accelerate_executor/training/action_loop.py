@@ -7,7 +7,7 @@ action the scheduler answers with, report what came of it, until `terminate`.
     send-update{t, w}     send w x (theta_local - theta_global) -> sent-update{round, metrics}
     apply-update{s, d}    theta_global += u, load it            -> applied-update
     idle{d}               wait until d                          -> idle
-    wait-for-model{d}     wait until d                          -> waited-for-model
+    wait-for-model{d}     wait the loop's minimum (100 ms)      -> waited-for-model
     receive-model{s, d}   theta_global = a peer's, load it      -> received-model
     send-model{t}         send a copy of theta_global           -> sent-model
     push-to-hub{r, t}     theta_global in HF layout, uploaded     -> pushed-to-hub
@@ -303,8 +303,12 @@ class ActionTrainer(Workbench):
             case Idle(deadline=deadline):
                 self.wait_until(deadline)
                 return IDLE
-            case WaitForModel(deadline=deadline):
-                self.wait_until(deadline)
+            case WaitForModel():
+                # Asked again after the loop's minimum, not at the deadline: the peer that
+                # sends our model is named only in the answer to `waited-for-model`, and
+                # until our receive opens its push is refused (upstream's bridge tries a
+                # send again for about half a second).
+                self.wait_until(0.0)
                 return WAITED_FOR_MODEL
             case ReceiveModel(source=source, deadline=deadline):
                 return self.receive_model(source, deadline)
@@ -455,7 +459,8 @@ class ActionTrainer(Workbench):
         try:
             received = self.standing.take(time.time() + wait_s)
         except BridgeError as exc:
-            self.say(f"round {self.round + 1}'s aggregate was not received: {exc}")
+            if self.aggregate_due:  # said once, not at each later action that looks
+                self.say(f"round {self.round + 1}'s aggregate was not received: {exc}")
             return False
         if received is None:
             if self.aggregate_due:

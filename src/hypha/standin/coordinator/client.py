@@ -185,4 +185,5 @@ class JobBackend:
                 seq=int(response.headers["X-Seq"]),
                 from_peer=response.headers["X-From-Peer"],
                 data=data,
+                retry_s=float(response.headers.get("X-Retry-S", "0")),
             )

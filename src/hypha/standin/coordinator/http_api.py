@@ -109,7 +109,13 @@ class _Handler(BaseHTTPRequestHandler):
                         self._reply(204, b"", {})
                     else:
                         self._reply(
-                            200, push.data, {"X-Seq": str(push.seq), "X-From-Peer": push.from_peer}
+                            200,
+                            push.data,
+                            {
+                                "X-Seq": str(push.seq),
+                                "X-From-Peer": push.from_peer,
+                                "X-Retry-S": str(push.retry_s),
+                            },
                         )
                 case "POST", ["jobs", job_id, "exit"]:
                     request = _object(body)

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from hypha.standin.backend import Push
+from hypha.standin.backend import PEER_SEND_RETRY_S, Push
 from hypha.standin.parameter_server.server import NesterovOuterOptimizer
 
 MAX_WAIT_S = 30.0
@@ -109,13 +109,14 @@ class Aggregation:
         return list(self._pending)
 
     def forward(self, job_id: str, from_peer: str, data: bytes) -> None:
-        """Queues a file a worker sent to another (a model for a late joiner)."""
-        self._queue(job_id, from_peer, data)
+        """Queues a file a worker sent to another (a model for a late joiner); its bridge
+        goes on trying it for a while, as upstream's does."""
+        self._queue(job_id, from_peer, data, PEER_SEND_RETRY_S)
         self._lock.notify_all()
 
-    def _queue(self, job_id: str, from_peer: str, data: bytes) -> None:
+    def _queue(self, job_id: str, from_peer: str, data: bytes, retry_s: float = 0.0) -> None:
         seq = self._seq[job_id] = self._seq.get(job_id, 0) + 1
-        self._pushes.setdefault(job_id, []).append(Push(seq, from_peer, data))
+        self._pushes.setdefault(job_id, []).append(Push(seq, from_peer, data, retry_s))
 
     def next_push(self, job_id: str, after: int, wait_s: float) -> Push | None:
         queue = self._pushes.setdefault(job_id, [])

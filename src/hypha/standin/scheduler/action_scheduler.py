@@ -221,6 +221,10 @@ class ActionScheduler:
             worker.waiting_for_model = worker.receiving_from is None
             return WaitForModel(self._deadline(WAIT_FOR_MODEL_S))
         if state == "waited-for-model":
+            if self.push_done:
+                # Upstream's scheduler cancels the job once the model is pushed, which ends
+                # a joiner still waiting; the stand-in answers it `terminate` instead.
+                return Terminate()
             sender, worker.receiving_from = worker.receiving_from, None
             if sender is not None:
                 return ReceiveModel(peers([sender], "All"), self._deadline(LONG_IO_S))

@@ -16,9 +16,9 @@ timer at all, as upstream's: such a receive waits until the job ends. A push goe
 first open receive that allows its peer. One that arrives while none is open is kept for the
 next receive, or with `strict_receive` dropped and logged, as upstream's worker refuses it
 (its connector registers the push protocol with libp2p only while a receive is open, one
-receive at a time); strict, a receive beside an open one is also answered 204 at once, as
-upstream's is (docs/protocol-actions.md: "A push with no receive open", and why strict is
-not the default).
+receive at a time), unless a receive opens within its sender's tries (`Push.retry_s`); a
+receive beside an open one is then answered 204 at once too (docs/protocol-actions.md: "A
+push with no receive open", and why strict is not the default).
 """
 
 from __future__ import annotations
@@ -323,14 +323,30 @@ class JobBridge:
             mine.put(push)
 
     def _unreceived(self, push: Push) -> None:
-        """Under _lock: a push no open receive takes."""
-        if self.strict_receive:
-            self.log(
-                f"dropped a push from {push.from_peer}: no receive of the job was open "
-                "(strict_receive)"
-            )
-        else:
+        """Under _lock: a push no open receive takes. Strict, as upstream's worker, it is
+        refused, unless its pusher goes on trying (a peer's send, `push.retry_s`): then a
+        receive that opens that soon gets it."""
+        if not self.strict_receive:
             self._inbox.append(push)
+        elif push.retry_s > 0:
+            self._inbox.append(push)
+            timer = threading.Timer(push.retry_s, self._retries_over, args=(push,))
+            timer.daemon = True
+            timer.start()
+        else:
+            self._refused(push)
+
+    def _retries_over(self, push: Push) -> None:
+        with self._lock:
+            if any(kept is push for kept in self._inbox):
+                self._inbox = [kept for kept in self._inbox if kept is not push]
+                self._refused(push, f" within its sender's {push.retry_s:g} s of tries")
+
+    def _refused(self, push: Push, when: str = "") -> None:
+        self.log(
+            f"dropped a push from {push.from_peer}: no receive of the job was open{when} "
+            "(strict_receive)"
+        )
 
     def status(self, progress: Progress) -> dict[str, Any]:
         try:

@@ -82,7 +82,8 @@ class LocalWorker:
         (alpha.17's, or the action protocol's of later releases); None: the one the
         coordinator plays, as its job shows (an action-era job names no `updates`).
         `strict_receive`: its action-era bridge plays upstream's: a push no open receive
-        takes is dropped, a receive beside an open one answered 204 at once."""
+        takes is dropped (after its sender's tries, for a peer's), a receive beside an open
+        one answered 204 at once. Without it such a push is kept for the next receive."""
         self.generation = generation
         self.strict_receive = strict_receive
         self.faults = faults  # answered by each job's bridge (faults.py)
