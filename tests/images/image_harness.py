@@ -124,7 +124,8 @@ def check_cuda_libraries(
 
 
 def docker_entry(image: str, *launcher_args: str) -> ExecutorEntry:
-    """The worker TOML's docker entry (shared/examples/worker-executors.toml, no --init)."""
+    """The worker TOML's docker entry (docs/worker.md, the plain `cmd = "docker"` form,
+    without --init)."""
     return ExecutorEntry(
         "docker",
         (

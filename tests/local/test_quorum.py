@@ -156,18 +156,25 @@ def test_a_carried_sender_takes_no_batch_in_the_next_rounds_simulation() -> None
     assert isinstance(action, ExecuteBatch) and action.batches > 0, action
 
 
+def after_one_round(worker: str, rounds: int) -> ActionScheduler:
+    """A scheduler of `rounds` rounds whose first round `worker` alone trained, sent and
+    had aggregated."""
+    s = ActionScheduler(BATCH, rounds, "12D3KooWPs", clock=lambda: 0.0, wall=lambda: 1.7e9)
+    s.add_worker(worker, BATCH)
+    s.answer(worker, batch_completed(BATCH, 1))
+    s.answer(worker, sent_update(0, {}))
+    s.aggregated()
+    s.broadcasted()
+    return s
+
+
 def test_a_joiner_sent_the_model_before_its_joined_is_not_sent_another() -> None:
     """The stand-in marks a late joiner waiting from its assignment: a peer's
     `applied-update` may send it the model before its executor reports `joined`. That
     `joined` must not mark it waiting again (a second model it never receives, and rounds
     that leave it out while it trains: the late joiner's missed aggregate)."""
-    w1, w3, ps = "12D3KooWw1", "12D3KooWw3", "12D3KooWPs"
-    s = ActionScheduler(BATCH, 5, ps, clock=lambda: 0.0, wall=lambda: 1.7e9)
-    s.add_worker(w1, BATCH)
-    s.answer(w1, batch_completed(BATCH, 1))
-    s.answer(w1, sent_update(0, {}))
-    s.aggregated()
-    s.broadcasted()
+    w1, w3 = "12D3KooWw1", "12D3KooWw3"
+    s = after_one_round(w1, rounds=5)
     s.add_worker(w3, BATCH)  # assigned in round 1: waiting for the model
     assert isinstance(s.answer(w1, APPLIED_UPDATE), SendModel)
     assert isinstance(s.answer(w3, JOINED), WaitForModel)
@@ -180,13 +187,8 @@ def test_a_joiner_still_waiting_once_the_model_is_pushed_is_told_to_terminate() 
     """Upstream's scheduler cancels the job once the final model is pushed, which ends a
     joiner still waiting for a model; the stand-in, which leaves the cancel out, answers
     that joiner's next `waited-for-model` with `terminate` instead of waiting for ever."""
-    w1, w3, ps = "12D3KooWw1", "12D3KooWw3", "12D3KooWPs"
-    s = ActionScheduler(BATCH, 1, ps, clock=lambda: 0.0, wall=lambda: 1.7e9)
-    s.add_worker(w1, BATCH)
-    s.answer(w1, batch_completed(BATCH, 1))
-    s.answer(w1, sent_update(0, {}))
-    s.aggregated()
-    s.broadcasted()  # the only round: training is complete
+    w1, w3 = "12D3KooWw1", "12D3KooWw3"
+    s = after_one_round(w1, rounds=1)  # the only round: training is complete
     s.add_worker(w3, BATCH)  # assigned after it
     assert isinstance(s.answer(w3, JOINED), WaitForModel)
     assert isinstance(s.answer(w1, APPLIED_UPDATE), Idle)
