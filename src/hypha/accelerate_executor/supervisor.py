@@ -121,8 +121,8 @@ class Supervisor:
     """Runs one child in a new session (its own process group) to its end or to a stop.
 
     `start` spawns it (stdout piped to `on_output` chunk by chunk, b"" at its end, when
-    given; stderr likewise to `on_error`); `wait` blocks until it exits or `interrupts` asks for a stop, passes the stop on
-    under the policy, and returns the child's exit status.
+    given; stderr likewise to `on_error`); `wait` blocks until it exits or `interrupts` asks
+    for a stop, passes the stop on under the policy, and returns the child's exit status.
     """
 
     def __init__(self, interrupts: Interrupts, policy: StopPolicy = StopPolicy()) -> None:
@@ -143,8 +143,11 @@ class Supervisor:
         on_error: Callable[[bytes], object] | None = None,
         stdin: int | None = subprocess.DEVNULL,
         user: tuple[int, int] | None = None,
+        on_spawn: Callable[[int], object] | None = None,
     ) -> subprocess.Popen[bytes]:
-        """`user` (uid, gid): the child runs as that user, without this one's groups."""
+        """`user` (uid, gid): the child runs as that user, without this one's groups.
+        `on_spawn(pid)` runs before any of the child's output is handed on, so that whoever
+        reads that output cannot act on it before the caller has recorded the child."""
         process = subprocess.Popen(
             list(argv),
             env=dict(env),
@@ -157,6 +160,8 @@ class Supervisor:
             extra_groups=[] if user else None,
         )
         self.process = process
+        if on_spawn is not None:
+            on_spawn(process.pid)
         threading.Thread(target=self._await_exit, args=(process.pid,), daemon=True).start()
         if on_output is not None:
             assert process.stdout is not None

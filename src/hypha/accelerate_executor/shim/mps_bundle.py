@@ -79,10 +79,14 @@ def run_group(command: list[str], env: dict[str, str], interrupts: Interrupts) -
     supervisor = Supervisor(interrupts)
     watchdog = Watchdog("process-group")
     try:
-        process = supervisor.start(
-            command, env, on_output=lambda chunk: out.feed(chunk) if chunk else out.close()
+        # Armed before the launcher's output is relayed: a worker that reads "ready" and
+        # SIGKILLs this process at once must still find the group guarded.
+        supervisor.start(
+            command,
+            env,
+            on_output=lambda chunk: out.feed(chunk) if chunk else out.close(),
+            on_spawn=lambda pid: watchdog.arm(str(pid)),
         )
-        watchdog.arm(str(process.pid))
         return supervisor.wait()
     finally:
         watchdog.disarm()
