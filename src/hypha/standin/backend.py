@@ -34,7 +34,8 @@ PEER_SEND_RETRY_S = 0.5
 @dataclass(frozen=True, eq=False)
 class Push:
     """A file a peer pushed to this job; `seq` orders the pushes of one job. `retry_s`: how
-    long its pusher goes on trying while the job's worker refuses it (no receive open)."""
+    long its pusher goes on trying while the job's worker refuses it (no receive open); a
+    pusher that tries (a peer's send) waits for the bridge's verdict (`settle_push`)."""
 
     seq: int
     from_peer: str
@@ -57,4 +58,10 @@ class BridgeBackend(Protocol):
 
     def next_push(self, after: int, wait_s: float) -> Push | None:
         """The first push with seq > after, waiting up to wait_s; None if there is none yet."""
+        ...
+
+    def settle_push(self, seq: int, taken: bool) -> None:
+        """The bridge's verdict on push `seq`, told once for every action-era push: a
+        receive took it (or it is kept for the next one), or the bridge refused it. A
+        pusher that tries waits for it, as upstream's connector fails the pusher's send."""
         ...

@@ -187,3 +187,8 @@ class JobBackend:
                 data=data,
                 retry_s=float(response.headers.get("X-Retry-S", "0")),
             )
+
+    def settle_push(self, seq: int, taken: bool) -> None:
+        path = f"{self._prefix}/pushes/{seq}/verdict?taken={int(taken)}"
+        with self.client.request("POST", path) as response:
+            response.read()

@@ -112,6 +112,7 @@ class CoordinatorCore:
         )
         self._printed_rounds: set[int] = set()
         self.digest_mismatches: list[str] = []  # action era, see _compare_digest
+        self.refused_broadcasts: list[str] = []  # action era, see settle_push
 
     def cancel(self, reason: str) -> None:
         """Cancels every job: the workers see it and stop their executors (SIGTERM)."""
@@ -411,7 +412,10 @@ class CoordinatorCore:
                 target = next((job for job, w in self.workers.items() if w.peer_id == peer), None)
                 if self.actions is None or target is None:
                     raise CoordinatorRefusal(502, "network_error", f"peer {peer} is not reachable")
-                self.aggregation.forward(target, record.peer_id, data)
+                if not self.aggregation.forward(target, record.peer_id, data):
+                    raise CoordinatorRefusal(
+                        502, "connector_error", f"peer {peer} refused the push: no receive open"
+                    )
                 return
             if not self.aggregation.submit(job_id, data):
                 self._violation(record, f"a second pseudo-gradient in round {record.round.index}")
@@ -465,6 +469,22 @@ class CoordinatorCore:
                 self._reached(record.peer_id)
             return push
 
+    def settle_push(self, job_id: str, seq: int, taken: bool) -> None:
+        """The job's bridge took or refused its push `seq`. A refused aggregate fails the
+        run: upstream's worker refuses it the same way, and there the refusal ends the
+        parameter server's whole broadcast and, after a second aggregation that finds nothing
+        to aggregate, its job (docs/protocol-actions.md: "A push with no receive open")."""
+        with self._cond:
+            record = self._record(job_id)
+            refused_round = self.aggregation.settle(job_id, seq, taken)
+            if refused_round is not None:
+                text = (
+                    f"{record.name}'s bridge refused round {refused_round}'s aggregate: no "
+                    "receive was open (upstream's parameter server fails its broadcast there)"
+                )
+                self.refused_broadcasts.append(text)
+                warn(self.name, text)
+
     def report_exit(
         self,
         job_id: str,
@@ -513,6 +533,7 @@ class CoordinatorCore:
                 "started_at": self.started_at,
                 "wall_s": round(time.time() - self.started_at, 3),
                 "digest_mismatches": list(self.digest_mismatches),
+                "refused_broadcasts": list(self.refused_broadcasts),
                 "cancelled": self.cancelled,
                 "aggregations": [dict(a) for a in self.aggregation.rounds],
                 "slice_passes": self.data.slices.passes,
@@ -582,6 +603,10 @@ class InProcessBackend:
     def next_push(self, after: int, wait_s: float) -> Push | None:
         with _as_backend_error():
             return self._coordinator.next_push(self._job_id, after, wait_s)
+
+    def settle_push(self, seq: int, taken: bool) -> None:
+        with _as_backend_error():
+            self._coordinator.settle_push(self._job_id, seq, taken)
 
     def action(self, request: dict[str, Any]) -> dict[str, Any]:
         with _as_backend_error():

@@ -10,7 +10,8 @@ the workers' bridges call (client.py). Thin: every route is a Coordinator call.
     POST /jobs/ID/action     <ActionRequest>   the scheduler's ActionResponse (action protocol)
     POST /jobs/ID/push?peer=P <bytes>          {} (a file for peer P: the parameter server)
     GET  /jobs/ID/pushes?after=N&wait=S       200 the next file pushed to the job
-                                              (X-Seq, X-From-Peer), or 204
+                                              (X-Seq, X-From-Peer, X-Retry-S), or 204
+    POST /jobs/ID/pushes/N/verdict?taken=0|1  {} (the job's bridge took or refused push N)
     POST /jobs/ID/exit {"exit_code", "leaks", "status"?}  {}
     GET  /summary                             the run so far (Coordinator.summary)
 
@@ -117,6 +118,9 @@ class _Handler(BaseHTTPRequestHandler):
                                 "X-Retry-S": str(push.retry_s),
                             },
                         )
+                case "POST", ["jobs", job_id, "pushes", seq, "verdict"]:
+                    coordinator.settle_push(job_id, int(seq), query.get("taken") == "1")
+                    self._json({})
                 case "POST", ["jobs", job_id, "exit"]:
                     request = _object(body)
                     coordinator.report_exit(

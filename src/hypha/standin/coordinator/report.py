@@ -45,6 +45,7 @@ def judge(summary: dict[str, Any]) -> dict[str, Any]:
         reasons += [f"{name} leaked {leak}" for leak in worker["leaks"]]
     # Every worker applied every aggregate once: the global models agree (core._compare_digest).
     reasons += list(summary.get("digest_mismatches", []))
+    reasons += list(summary.get("refused_broadcasts", []))
     rounds = round_losses(summary)
     means = {key: sum(losses.values()) / len(losses) for key, losses in rounds.items()}
     first = final = ratio = None

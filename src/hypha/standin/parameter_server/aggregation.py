@@ -15,6 +15,10 @@ from hypha.standin.backend import PEER_SEND_RETRY_S, Push
 from hypha.standin.parameter_server.server import NesterovOuterOptimizer
 
 MAX_WAIT_S = 30.0
+# How long a forwarded push waits for its bridge's verdict beyond the pusher's tries: the
+# bridge's poll and the verdict's way back. A bridge that never answers (its job is gone)
+# counts as a refusal, as an unreachable peer fails upstream's send.
+VERDICT_MARGIN_S = 5.0
 
 
 class Aggregation:
@@ -54,6 +58,10 @@ class Aggregation:
         self._pending: dict[str, bytes] = {}
         self._pushes: dict[str, list[Push]] = {}
         self._seq: dict[str, int] = {}
+        # (job, seq) -> the bridge's verdict, for the forwarded pushes whose pusher waits.
+        self._verdicts: dict[tuple[str, int], bool | None] = {}
+        # (job, seq) -> the round of each broadcast push, to name a refused one.
+        self._broadcast_rounds: dict[tuple[str, int], int] = {}
         self._busy = False
 
     def submit(self, job_id: str, data: bytes) -> bool:
@@ -108,15 +116,32 @@ class Aggregation:
         """The jobs whose update waits for the next round's aggregate."""
         return list(self._pending)
 
-    def forward(self, job_id: str, from_peer: str, data: bytes) -> None:
-        """Queues a file a worker sent to another (a model for a late joiner); its bridge
-        goes on trying it for a while, as upstream's does."""
-        self._queue(job_id, from_peer, data, PEER_SEND_RETRY_S)
+    def forward(self, job_id: str, from_peer: str, data: bytes) -> bool:
+        """Queues a file a worker sent to another (a model for a late joiner), which its
+        pusher goes on trying for a while, as upstream's bridge does, and waits for the
+        target bridge's verdict: whether a receive took it. Under the lock (it waits on it)."""
+        key = (job_id, self._queue(job_id, from_peer, data, PEER_SEND_RETRY_S))
+        self._verdicts[key] = None
         self._lock.notify_all()
+        self._lock.wait_for(
+            lambda: self._verdicts[key] is not None, PEER_SEND_RETRY_S + VERDICT_MARGIN_S
+        )
+        return bool(self._verdicts.pop(key))
 
-    def _queue(self, job_id: str, from_peer: str, data: bytes, retry_s: float = 0.0) -> None:
+    def settle(self, job_id: str, seq: int, taken: bool) -> int | None:
+        """A bridge's verdict on its push `seq`. Returns the round of a refused broadcast
+        (an aggregate the job's worker never got), else None."""
+        key = (job_id, seq)
+        if key in self._verdicts:
+            self._verdicts[key] = taken
+            self._lock.notify_all()
+        broadcast_round = self._broadcast_rounds.pop(key, None)
+        return None if taken else broadcast_round
+
+    def _queue(self, job_id: str, from_peer: str, data: bytes, retry_s: float = 0.0) -> int:
         seq = self._seq[job_id] = self._seq.get(job_id, 0) + 1
         self._pushes.setdefault(job_id, []).append(Push(seq, from_peer, data, retry_s))
+        return seq
 
     def next_push(self, job_id: str, after: int, wait_s: float) -> Push | None:
         queue = self._pushes.setdefault(job_id, [])
@@ -143,7 +168,8 @@ class Aggregation:
             }
             self.rounds.append(record)
             for job_id in self._senders() or []:
-                self._queue(job_id, self.peer, update)
+                seq = self._queue(job_id, self.peer, update)
+                self._broadcast_rounds[(job_id, seq)] = len(self.rounds) - 1
             self._busy = False
             self._closed(record)
             self.maybe_start()

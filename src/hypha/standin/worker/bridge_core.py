@@ -18,7 +18,9 @@ next receive, or with `strict_receive` dropped and logged, as upstream's worker 
 (its connector registers the push protocol with libp2p only while a receive is open, one
 receive at a time), unless a receive opens within its sender's tries (`Push.retry_s`); a
 receive beside an open one is then answered 204 at once too (docs/protocol-actions.md: "A
-push with no receive open", and why strict is not the default).
+push with no receive open", and why strict is not the default). The backend hears whether
+each push was taken or refused (`settle_push`): a peer's send waits for that, as upstream's
+fails when the peer refuses it.
 """
 
 from __future__ import annotations
@@ -287,6 +289,7 @@ class JobBridge:
                     self._unreceived(mine.get())
         if push is None:
             return None
+        self._settle(push, taken=True)
         rel = f"{directory.relative_to(self._real_work_dir).as_posix()}/{push.from_peer}"
         produce = partial(_write_slowly, push.data, stream_s) if stream_s else None
         size = self._write(self._relative(rel), produce or partial(_write_bytes, push.data))
@@ -298,6 +301,12 @@ class JobBridge:
         """How many action-era receives are waiting now."""
         with self._lock:
             return len(self._receives)
+
+    def pushes_held(self) -> int:
+        """How many action-era pushes wait for a receive to open (kept, or within their
+        sender's tries)."""
+        with self._lock:
+            return len(self._inbox)
 
     def receives_answered(self) -> int:
         """How many action-era receives have been answered with a file so far."""
@@ -319,6 +328,7 @@ class JobBridge:
         """A kept push to a receive that has just opened."""
         if allowed and push.from_peer not in allowed:
             self.log(f"dropped a push from {push.from_peer}, which this receive does not allow")
+            self._settle(push, taken=False)
         else:
             mine.put(push)
 
@@ -328,6 +338,7 @@ class JobBridge:
         receive that opens that soon gets it."""
         if not self.strict_receive:
             self._inbox.append(push)
+            self._settle(push, taken=True)  # kept: the next receive gets it
         elif push.retry_s > 0:
             self._inbox.append(push)
             timer = threading.Timer(push.retry_s, self._retries_over, args=(push,))
@@ -347,6 +358,20 @@ class JobBridge:
             f"dropped a push from {push.from_peer}: no receive of the job was open{when} "
             "(strict_receive)"
         )
+        self._settle(push, taken=False)
+
+    def _settle(self, push: Push, taken: bool) -> None:
+        """Tells the backend the push's fate, on a thread of its own: this may run under
+        _lock, and the pusher may be waiting for it."""
+
+        def tell() -> None:
+            try:
+                self.backend.settle_push(push.seq, taken)
+            except BackendError as exc:
+                self.log(f"could not report push {push.seq} {'taken' if taken else 'refused'}: "
+                         f"{exc.detail}")  # fmt: skip
+
+        threading.Thread(target=tell, name=f"{self.name}-verdict", daemon=True).start()
 
     def status(self, progress: Progress) -> dict[str, Any]:
         try:
@@ -440,6 +465,8 @@ class JobBridge:
     def _deliver(self, push: Push) -> None:
         if push.from_peer in ("", ".", "..") or "/" in push.from_peer:
             self.log(f"dropped a push from an unusable peer id {push.from_peer!r}")
+            if self.generation == "actions":
+                self._settle(push, taken=False)
             return
         if self.generation == "actions":
             with self._lock:
