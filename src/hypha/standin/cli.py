@@ -151,11 +151,11 @@ def _worker_options_parser() -> OneLineArgumentParser:
         help="parent of the per-job work dirs",
     )
     worker.add_argument(
-        "--strict-receive",
+        "--lenient-receive",
         action="store_true",
-        help="actions only, as upstream's worker: the bridge drops a push that comes while no "
-        "receive of the job is open (a peer's, once its sender's tries are over) instead of "
-        "keeping it for the next receive, and answers a receive beside an open one 204 at once",
+        help="actions only, kinder than upstream's worker: the bridge keeps a push that comes "
+        "while no receive of the job is open for the next receive instead of refusing it, and "
+        "lets receives open side by side",
     )
     worker.add_argument(
         "--fault",
@@ -311,7 +311,7 @@ def _with_run_options(args: argparse.Namespace) -> int:
             assets_dir=args.assets,
             owner=args.as_user,
             timeout_s=args.timeout,
-            strict_receive=args.strict_receive,
+            strict_receive=not args.lenient_receive,
             push_destination=_push_destination(),
             hub_standin=_hub_standin(),
             faults=tuple(args.fault),
@@ -363,7 +363,7 @@ def _worker(args: argparse.Namespace) -> int:
         args.work_base,
         owner=args.as_user,
         keep_work_dir=args.keep_work_dir,
-        strict_receive=args.strict_receive,
+        strict_receive=not args.lenient_receive,
         faults=tuple(args.fault),
         env={"OMP_NUM_THREADS": str(args.threads)} if args.threads else None,
     )

@@ -77,7 +77,7 @@ def run_demo(
     owner: tuple[int, int] | None = None,
     timeout_s: float = 1800.0,
     keepalive_s: float = 5.0,
-    strict_receive: bool = False,
+    strict_receive: bool = True,
     push_destination: tuple[str, str] | None = None,
     hub_standin: bool = False,
     faults: tuple[Fault, ...] = (),

@@ -20,9 +20,11 @@ train scheduler with `execute-batch{batches}` whose tests tests/local replays
   update is told to push (terminate, with no destination), and every `idle` after that gets
   `terminate`.
 
-Late joiners: `joined` after round 0 -> `wait-for-model`; the next worker to report
-`applied-update` is told `send-model` to it (which ends its waiting), and its next
-`waited-for-model` gets `receive-model` from that worker.
+Late joiners: `joined` after round 0 -> `wait-for-model`, and the joiner waits for the
+model from then on; the next worker to report `applied-update` is told `send-model` to it
+(which ends its waiting), and its next `waited-for-model` gets `receive-model` from that
+worker. A joiner whose executor comes up after the last such `applied-update` gets no model:
+it is told `terminate` once the final model is pushed.
 
 Statuses and actions are the executor's declarations (bridge/actions.py), the shapes its
 client writes and reads. Not thread-safe: the coordinator calls it under its lock.
@@ -131,6 +133,9 @@ class _Worker:
     applied_update: bool = False
     applied_final_update: bool = False
     waiting_for_model: bool = False
+    # Assigned after round 0, its executor not yet up (no `joined`): a round does not wait
+    # for it (below), and it is not sent a model it has no receive open for.
+    joining: bool = False
     receiving_from: str | None = None
     is_pusher: bool = False
     push_failed: bool = False
@@ -158,11 +163,11 @@ class ActionScheduler:
         self._start = self.clock()
 
     def add_worker(self, peer: str, batch_size: int) -> None:
-        """A new pool member. One that comes after round 0 waits for the model from here on:
-        upstream marks it at its `joined`, but until then its quorum and grace period let
-        a round go without it; the stand-in's parameter server, which plays that quorum too
-        (parameter_server/aggregation.py), would wait for it until the grace time ran out."""
-        self.workers[peer] = _Worker(batch_size, waiting_for_model=self.round > 0)
+        """A new pool member. One that comes after round 0 is `joining` until its `joined`:
+        upstream's rounds wait for it until the quorum's grace time has passed, and the
+        stand-in's parameter server, which plays that quorum too
+        (parameter_server/aggregation.py), leaves it out at once instead."""
+        self.workers[peer] = _Worker(batch_size, joining=self.round > 0)
 
     def remove_worker(self, peer: str) -> None:
         self.workers.pop(peer, None)
@@ -171,7 +176,11 @@ class ActionScheduler:
 
     def senders(self) -> list[str]:
         """Whom an aggregation waits for: every pool worker not waiting for a model."""
-        return [peer for peer, worker in self.workers.items() if not worker.waiting_for_model]
+        return [
+            peer
+            for peer, worker in self.workers.items()
+            if not (worker.waiting_for_model or worker.joining)
+        ]
 
     def aggregated(self) -> list[str]:
         """The update is ready (`aggregated-updates`): `idle`s get `apply-update` until the
@@ -212,13 +221,10 @@ class ActionScheduler:
                 return self._idle(SHORT_IDLE_S) if kind == "connection" else Terminate()
         state = status.state
         if state == "joined":
+            worker.joining = False
             if self.round == 0:
                 return self._idle(SHORT_IDLE_S)
-            # The stand-in marks a joiner waiting from its assignment (add_worker), so a
-            # peer may have been told to send it the model before its executor said
-            # `joined`: marked again, it would be sent a second model it never receives,
-            # and be left out of the rounds it trains in (their aggregates missed).
-            worker.waiting_for_model = worker.receiving_from is None
+            worker.waiting_for_model = True
             return WaitForModel(self._deadline(WAIT_FOR_MODEL_S))
         if state == "waited-for-model":
             if self.push_done:

@@ -13,14 +13,14 @@ section 2): `/action/update` in place of `/status/send`, a send that answers onc
 target has the bytes and deletes the file when asked (`remove_file`), and a receive that
 waits for one push until its deadline (204 when none came). A deadline already past sets no
 timer at all, as upstream's: such a receive waits until the job ends. A push goes to the
-first open receive that allows its peer. One that arrives while none is open is kept for the
-next receive, or with `strict_receive` dropped and logged, as upstream's worker refuses it
-(its connector registers the push protocol with libp2p only while a receive is open, one
-receive at a time), unless a receive opens within its sender's tries (`Push.retry_s`); a
-receive beside an open one is then answered 204 at once too (docs/protocol-actions.md: "A
-push with no receive open", and why strict is not the default). The backend hears whether
-each push was taken or refused (`settle_push`): a peer's send waits for that, as upstream's
-fails when the peer refuses it.
+first open receive that allows its peer. One that arrives while none is open is refused and
+logged, as upstream's worker refuses it (its connector registers the push protocol with
+libp2p only while a receive is open, one receive at a time), unless a receive opens within
+its sender's tries (`Push.retry_s`); a receive beside an open one is answered 204 at once
+(docs/protocol-actions.md: "A push with no receive open"). `strict_receive=False`, kinder,
+keeps such a push for the next receive and lets receives open side by side. The backend
+hears whether each push was taken or refused (`settle_push`): a peer's send waits for that,
+as upstream's fails when the peer refuses it.
 """
 
 from __future__ import annotations
@@ -82,11 +82,12 @@ class JobBridge:
         name: str = "bridge",
         generation: Generation = "alpha17",
         job_id: str | None = None,
-        strict_receive: bool = False,
+        strict_receive: bool = True,
     ) -> None:
         """`job_id`: the job an action-era bridge serves; requests for another are refused.
-        `strict_receive`: as upstream's worker, an action-era push that no open receive
-        takes is dropped, and a receive beside an open one is answered 204 at once."""
+        `strict_receive` (the default): as upstream's worker, an action-era push that no
+        open receive takes is refused, and a receive beside an open one is answered 204 at
+        once; False keeps such a push for the next receive, kinder than upstream."""
         self.generation: Generation = generation
         self.job_id = job_id
         self.strict_receive = strict_receive
@@ -252,8 +253,8 @@ class JobBridge:
         try:
             for peer in targets:
                 self.backend.send(peer, data)
-        except BackendError as exc:
-            raise server_error("network_error", exc.detail) from None
+        except BackendError as exc:  # a refusing peer: connector_error, as upstream's
+            raise server_error(exc.kind, exc.detail) from None
         if request["remove_file"]:
             path.unlink(missing_ok=True)
 

@@ -75,15 +75,16 @@ class LocalWorker:
         kill_after_s: float = HYPHA_WORKER_KILL_AFTER_S,
         env: dict[str, str] | None = None,
         generation: Generation | None = None,
-        strict_receive: bool = False,
+        strict_receive: bool = True,
         faults: tuple[Fault, ...] = (),
     ) -> None:
         """`generation`: the bridge this worker serves, as a Hypha release's worker does
         (alpha.17's, or the action protocol's of later releases); None: the one the
         coordinator plays, as its job shows (an action-era job names no `updates`).
-        `strict_receive`: its action-era bridge plays upstream's: a push no open receive
-        takes is dropped (after its sender's tries, for a peer's), a receive beside an open
-        one answered 204 at once. Without it such a push is kept for the next receive."""
+        `strict_receive` (the default): its action-era bridge plays upstream's: a push no
+        open receive takes is refused (after its sender's tries, for a peer's), a receive
+        beside an open one answered 204 at once. False, kinder than upstream: such a push is
+        kept for the next receive."""
         self.generation = generation
         self.strict_receive = strict_receive
         self.faults = faults  # answered by each job's bridge (faults.py)
