@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import os
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from hypha.standin.coordinator.client import CoordinatorClient, JobBackend
+from hypha.standin.coordinator.client import CoordinatorClient
 from hypha.standin.coordinator.report import judge
 from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
 from hypha.standin.data_service.assets import AssetSpec, build_model, ensure_assets
@@ -22,22 +19,6 @@ from hypha.standin.worker.worker import LocalWorker, serve_one_job
 
 pytestmark = pytest.mark.slow
 TIED = ("transformer.wte.weight", "lm_head.weight")
-
-
-class Watched:
-    """A job's way to the coordinator that shows each action-era status's state to `before`
-    first: where the test holds or notes statuses, as a slow network would."""
-
-    def __init__(self, backend: JobBackend, before: Callable[[str], None]) -> None:
-        self._backend = backend
-        self._before = before
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._backend, name)
-
-    def action(self, request: dict[str, Any]) -> dict[str, Any]:
-        self._before(request["status"]["details"]["state"])
-        return self._backend.action(request)
 
 
 def test_a_late_joiner_starts_from_the_trained_model_and_tied_gpt2_merges(
@@ -55,40 +36,13 @@ def test_a_late_joiner_starts_from_the_trained_model_and_tied_gpt2_merges(
             for i in (1, 2, 3)
         ]
         codes: dict[str, int] = {}
-        joiner_is_waiting = threading.Event()
-        joiner_has_the_model = threading.Event()
-
-        def held(state: str) -> bool:
-            """Whether a status of w1's or w2's waits. The joiner starts once round 1 has
-            begun, and its executor may start more slowly than rounds pass (under load it
-            once got the model in the last round and trained nothing). So the other two
-            train on in round 1 once its executor is up and waiting (its first
-            `waited-for-model`): the next `applied-update` sends it the model, which then
-            finds its receive within the sender's tries, as upstream's worker needs; and
-            from round 2 on once it has the model."""
-            if state != "batch-completed" or coordinator.actions is None:
-                return False
-            return (coordinator.actions.round >= 1 and not joiner_is_waiting.is_set()) or (
-                coordinator.actions.round >= 2 and not joiner_has_the_model.is_set()
-            )
-
-        def wait_while_held(state: str) -> None:
-            deadline = time.monotonic() + 30  # within the executor's 60 s request timeout
-            while held(state) and time.monotonic() < deadline:
-                joiner_has_the_model.wait(0.2)
-
-        def note_the_model(state: str) -> None:
-            if state == "waited-for-model":
-                joiner_is_waiting.set()
-            if state == "received-model":
-                joiner_has_the_model.set()
 
         def run(worker: LocalWorker, late: bool) -> None:
+            # The coordinator holds the pool's statuses while the joiner is behind (its
+            # executor may start more slowly than a short job's rounds pass).
             if late and not coordinator.wait_for_round(1, 300):
                 return
-            before = note_the_model if late else wait_while_held
-            backend = lambda job_id: Watched(client.backend(job_id), before)  # noqa: E731
-            codes[worker.name] = serve_one_job(client, worker, backend)
+            codes[worker.name] = serve_one_job(client, worker)
 
         running = [
             threading.Thread(target=run, args=(worker, worker.name == "w3"), daemon=True)

@@ -42,7 +42,7 @@ from hypha.accelerate_executor.bridge.client import (
     raise_for,
     reaching,
 )
-from hypha.accelerate_executor.bridge.retry import retrying
+from hypha.accelerate_executor.bridge.retry import RetryPolicy, retrying
 from hypha.accelerate_executor.errors import BridgeError
 from hypha.accelerate_executor.spec.job import ActionPeersReference, Generation
 
@@ -53,12 +53,19 @@ RECEIVE_SLACK_S = 30.0
 # A 204 this long before the deadline is not the deadline's: the bridge could not register
 # the receive (upstream's connector holds one registration at a time) and said so at once.
 REFUSED_BEFORE_S = 1.0
+# The pauses before asking again after such a 204: short, since a push that comes while no
+# receive is registered is refused (upstream's own sender tries every 50 ms), growing in
+# case the registration stays taken.
+REFUSED_POLICY = RetryPolicy(first_pause_s=0.05, max_pause_s=1.0)
 # How often a receive's wait looks at its directory once past the deadline and its slack.
 ANSWER_POLL_S = 1.0
 # The probe's whole budget: a bridge that does not answer it in this long answers nothing.
 PROBE_TIMEOUT_S = 10.0
 # How long a standing receive may take to put its request on the bridge's socket.
 SENT_WAIT_S = 10.0
+# A request on the socket that no 204 has answered within this long counts as registered:
+# a bridge that cannot register a receive says so at once.
+REGISTERED_AFTER_S = 0.05
 # Each receive of a StandingReceive: the aggregate comes once the round's slowest peer has
 # sent too, which can be a whole window of training after us; an open receive costs nothing
 # while it waits, and the next opens when it ends empty.
@@ -120,7 +127,7 @@ class ActionBridgeClient(BridgeClient):
         """Waits until `deadline` (seconds since the epoch) for one file from the peers;
         None when none came. A deadline already past is never sent: upstream's bridge takes
         it for no deadline at all and would wait for ever. `sent` is set once the request
-        is on the bridge's socket.
+        is on the bridge's socket, and cleared when the bridge refuses it with a 204.
 
         The answer is awaited past the deadline for as long as the bridge keeps writing into
         `relative_dir`: upstream's bridge stops a receive's idle timer once data flows, so a
@@ -159,8 +166,10 @@ class ActionBridgeClient(BridgeClient):
             status, data = retrying(route, attempt, self.retry_policy, until=deadline)
             if status != 204 or deadline - time.time() < REFUSED_BEFORE_S:
                 break
+            if sent is not None:
+                sent.clear()
             refusals += 1
-            pause = self.retry_policy.pause(refusals)
+            pause = REFUSED_POLICY.pause(refusals)
             if time.time() + pause >= deadline:
                 return None
             time.sleep(pause)
@@ -205,14 +214,20 @@ class StandingReceive:
             daemon=True,
         )
         self._thread.start()
-        # Back only once the request is on the bridge's socket: the caller reports next what
-        # makes the push come, and a thread not yet scheduled (seen on a loaded machine) had
-        # opened nothing when the push came. Bounded: a bridge that never takes the request
-        # leaves `take` waiting until its deadline.
-        deadline_sent = time.monotonic() + SENT_WAIT_S
-        while not self._sent.wait(0.05) and self._thread.is_alive():
-            if time.monotonic() > deadline_sent:
-                break
+        self.wait_open()
+
+    def wait_open(self) -> None:
+        """Back once a receive is registered: its request on the bridge's socket and not
+        refused at once (REGISTERED_AFTER_S). The caller sends next what makes the push
+        come, and a thread not yet scheduled (seen on a loaded machine), or a receive the
+        bridge refused, had nothing open when the push came. Bounded: a bridge that never
+        takes the request leaves `take` waiting until its deadline."""
+        give_up = time.monotonic() + SENT_WAIT_S
+        while self._thread.is_alive() and time.monotonic() < give_up:
+            if self._sent.wait(0.05):
+                time.sleep(REGISTERED_AFTER_S)
+                if self._sent.is_set():
+                    return
 
     def _keep_open(self, client: ActionBridgeClient, relative_dir: str) -> None:
         taken = 0
@@ -224,9 +239,11 @@ class StandingReceive:
                         self.reference, relative_dir, deadline, self._sent
                     )
                 except BridgeError as exc:
+                    self._sent.clear()
                     self._failed = exc
                     time.sleep(RECEIVE_AGAIN_S)  # tried again already (retry.py); and again
                     continue
+                self._sent.clear()  # answered: the next one opens now
                 self._failed = None
                 if received is None:
                     continue  # its deadline passed with nothing: open the next

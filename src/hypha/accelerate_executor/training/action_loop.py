@@ -625,16 +625,19 @@ class ActionTrainer(Workbench):
             time.sleep(pause)
 
     def _open_standing_receive(self, target: ActionPeersReference) -> None:
-        """Rank 0, before its first send: a receive from every peer of the send's target (the
-        parameter servers; the one that takes the update pushes the aggregate), kept open
-        from then on. One at a time: upstream's worker registers a single receive, and a
-        second beside it is refused."""
+        """Rank 0, before each send: a receive from every peer of the send's target (the
+        parameter servers; the one that takes the update pushes the aggregate), opened at
+        the first and kept open from then on, registered before the send goes. One at a
+        time: upstream's worker registers a single receive, and a second beside it is
+        refused."""
         from hypha.accelerate_executor.bridge.action_client import StandingReceive
 
         assert self.client is not None
         if self.standing is None:
             source = target.model_copy(update={"strategy": Strategy(type="All")})
             self.standing = StandingReceive(self.client, source, RECEIVE_DIR)
+        else:
+            self.standing.wait_open()  # reopened after a file, or asked again after a 204
 
     def _receive(
         self, source: ActionPeersReference, deadline: float, standing: bool

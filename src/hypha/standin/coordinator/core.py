@@ -56,6 +56,10 @@ from hypha.standin.parameter_server.server import NesterovOuterOptimizer
 from hypha.standin.scheduler.action_scheduler import ActionScheduler
 from hypha.standin.scheduler.batch_scheduler import BatchScheduler, State
 
+# The longest one `batch-completed` of the pool waits for a late joiner (hold_for_joiners):
+# well within the executor's 60 s request timeout.
+JOINER_HOLD_S = 30.0
+
 
 class CoordinatorCore:
     def __init__(
@@ -293,6 +297,10 @@ class CoordinatorCore:
             if message.job_id != job_id:
                 raise CoordinatorRefusal(400, "invalid_request", "the request is for another job")
             status = message.status.details
+            if isinstance(status, BatchCompletedStatus) and record.joined_round == 0:
+                self._hold_for_joiners()
+            if status.state == "received-model":
+                record.received_model = True
             match status:
                 case BatchCompletedStatus(batches=batches):
                     final_is_out = self.actions.aggregated_updates and (
@@ -340,6 +348,36 @@ class CoordinatorCore:
             # A late joiner that now waits for a model is no longer waited for.
             self.aggregation.maybe_start()
             return action_response(job_id, action)
+
+    def _hold_for_joiners(self) -> None:
+        """Under the lock: a `batch-completed` of the pool waits, as on a slower network,
+        while a late joiner is behind (_joiner_behind), at most JOINER_HOLD_S. Upstream's
+        jobs run for thousands of batches, long enough for a joiner's executor to come up and
+        get the model; a local run's few rounds can end first (upstream's scheduler sends a
+        joiner the model only after its `joined`), and its joiner would show nothing."""
+        deadline = time.monotonic() + JOINER_HOLD_S
+        while self._joiner_behind() and time.monotonic() < deadline:
+            self._cond.wait(0.2)
+
+    def _joiner_behind(self) -> bool:
+        """Under the lock: whether a late joiner that may still come is not yet where a
+        short run needs it: from round 1 on its executor up (`joined`), from round 2 on
+        holding the model."""
+        actions = self.actions
+        if actions is None or not self.options.late_workers or actions.round < 1:
+            return False
+        if self.cancelled is not None:
+            return False
+        if len(self.workers) < self.options.all_workers:
+            return True  # not assigned yet
+        for record in self.workers.values():
+            if record.joined_round == 0 or record.exit_code is not None:
+                continue
+            if actions.workers[record.peer_id].joining:
+                return True
+            if actions.round >= 2 and not record.received_model:
+                return True
+        return False
 
     def _violation(self, record: WorkerRecord, what: str) -> None:
         record.violations.append(what)
