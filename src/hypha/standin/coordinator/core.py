@@ -299,8 +299,8 @@ class CoordinatorCore:
             status = message.status.details
             if isinstance(status, BatchCompletedStatus) and record.joined_round == 0:
                 self._hold_for_joiners()
-            if status.state == "received-model":
-                record.received_model = True
+            if status.state in ("received-model", "error"):
+                record.model_wait_over = True
             match status:
                 case BatchCompletedStatus(batches=batches):
                     final_is_out = self.actions.aggregated_updates and (
@@ -362,7 +362,7 @@ class CoordinatorCore:
     def _joiner_behind(self) -> bool:
         """Under the lock: whether a late joiner that may still come is not yet where a
         short run needs it: from round 1 on its executor up (`joined`), from round 2 on
-        holding the model."""
+        holding the model (or past trying: an error ends the wait too)."""
         actions = self.actions
         if actions is None or not self.options.late_workers or actions.round < 1:
             return False
@@ -375,7 +375,7 @@ class CoordinatorCore:
                 continue
             if actions.workers[record.peer_id].joining:
                 return True
-            if actions.round >= 2 and not record.received_model:
+            if actions.round >= 2 and not record.model_wait_over:
                 return True
         return False
 

@@ -46,7 +46,8 @@ class WorkerRecord:
     # (the sender's applied ones), and the `global_digest` of each sent update keyed by the
     # aggregates its global model had been through (this base plus the executor's round).
     model_base: int = 0
-    received_model: bool = False  # a late joiner's `received-model` came
+    # A late joiner's wait for the model is over: its `received-model` came, or an error.
+    model_wait_over: bool = False
     digests: dict[int, float] = field(default_factory=dict)
     # Action era: the batches its `batch-completed` statuses reported, and those its
     # `sent-update`s counted; equal when no trained batch was lost or counted twice (but for
