@@ -56,7 +56,7 @@ from hypha.standin.parameter_server.server import NesterovOuterOptimizer
 from hypha.standin.scheduler.action_scheduler import ActionScheduler
 from hypha.standin.scheduler.batch_scheduler import BatchScheduler, State
 
-# The longest one `batch-completed` of the pool waits for a late joiner (hold_for_joiners):
+# The longest one `batch-completed` of the pool waits for a late joiner (_hold_for_joiners):
 # well within the executor's 60 s request timeout.
 JOINER_HOLD_S = 30.0
 
