@@ -128,6 +128,26 @@ def test_every_sender_in_needs_no_grace(
     assert [entry["workers"] for entry in coordinator.aggregation.rounds] == [["w1", "w2", "w3"]]
 
 
+def test_no_round_is_averaged_after_the_last(
+    make_coordinator: Callable[..., Any], make_bridge: Callable[..., Any]
+) -> None:
+    """The job's one round closes at the quorum without w3; once w1 and w2 have ended, w3's
+    update is every remaining sender's, but the job is over: nothing is averaged (before, a
+    round past the end was, on a thread that a process exiting meanwhile aborted in)."""
+    coordinator, (w1, w2, w3) = workers(
+        make_coordinator, make_bridge, quorum=2, grace_s=0.0, rounds=1
+    )
+    asked = [client.update(batch_completed(BATCH, 1)) for client in (w1, w2, w3)]
+    send(w1, asked[0], [1.0], "a.safetensors")
+    send(w2, asked[1], [3.0], "b.safetensors")
+    assert coordinator.wait_for_round(1, 30)
+    send(w3, asked[2], [9.0], "c.safetensors")
+    for client in (w1, w2):
+        coordinator.report_exit(client.job_id, 0, [])
+    assert len(coordinator.aggregation.rounds) == 1 and not coordinator.aggregation._busy
+    assert coordinator.aggregation.pending_jobs() == [w3.job_id]
+
+
 def received_update(coordinator: Any, client: ActionBridgeClient) -> dict[str, Any]:
     """The aggregate pushed to `client`'s bridge: kept there, as no receive was open."""
     source = peers([coordinator.parameter_server_peer], "All")

@@ -113,6 +113,7 @@ class CoordinatorCore:
             quorum=options.quorum,
             grace_s=options.grace_s,
             clock=clock,
+            rounds=options.rounds,
         )
         self._printed_rounds: set[int] = set()
         self.digest_mismatches: list[str] = []  # action era, see _compare_digest

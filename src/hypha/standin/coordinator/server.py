@@ -13,6 +13,10 @@ from hypha.standin.jobs import RunOptions
 
 __all__ = ["Catalog", "Coordinator", "InProcessBackend", "RunOptions"]
 
+# At stop, how long an average in progress may take to finish (a tiny model's takes
+# milliseconds; a large one's seconds).
+STOP_AVERAGE_S = 60.0
+
 
 class Coordinator(CoordinatorCore):
     """Serves the coordinator's API on `host:port` (0: any free port) from `start()` until
@@ -45,6 +49,7 @@ class Coordinator(CoordinatorCore):
 
     def stop(self) -> None:
         self._server.stop()
+        self.aggregation.join(STOP_AVERAGE_S)
 
     def __enter__(self) -> Coordinator:
         self.start()

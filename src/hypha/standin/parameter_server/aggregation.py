@@ -39,9 +39,11 @@ class Aggregation:
         quorum: int | None = None,
         grace_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
+        rounds: int | None = None,
     ) -> None:
         """`reported(jobs)`: those of `jobs` whose `sent-update` the scheduler has heard.
-        `quorum` (None: every sender) and `grace_s`: see maybe_start."""
+        `quorum` (None: every sender) and `grace_s`: see maybe_start. `rounds`: the job's;
+        none is averaged after the last (None: no end)."""
         self.peer = peer
         self._reported = reported
         self.quorum = quorum
@@ -63,6 +65,8 @@ class Aggregation:
         # (job, seq) -> the round of each broadcast push, to name a refused one.
         self._broadcast_rounds: dict[tuple[str, int], int] = {}
         self._busy = False
+        self._rounds = rounds
+        self._averaging: threading.Thread | None = None
 
     def submit(self, job_id: str, data: bytes) -> bool:
         """Takes a job's pseudo-gradient; False when it is its second of the round."""
@@ -82,6 +86,8 @@ class Aggregation:
         senders = self._senders()
         if self._busy or not self._pending or senders is None or not senders:
             return
+        if self._rounds is not None and len(self.rounds) >= self._rounds:
+            return  # the job is over: an update that missed the last round stays out
         ready = self._reported([job for job in senders if job in self._pending])
         if not ready:
             return
@@ -97,7 +103,15 @@ class Aggregation:
         files = {job: self._pending.pop(job) for job in ready}
         self._first_at = None
         self._busy = True
-        threading.Thread(target=self._average, args=(files,), daemon=True).start()
+        self._averaging = threading.Thread(target=self._average, args=(files,), daemon=True)
+        self._averaging.start()
+
+    def join(self, timeout_s: float) -> None:
+        """Waits for an average in progress: a process that exits while a thread is inside
+        a torch op aborts ("terminate called without an active exception"). Not under the
+        lock, which the average takes to finish."""
+        if self._averaging is not None:
+            self._averaging.join(timeout_s)
 
     def _wake_at(self, delay_s: float) -> None:
         """Looks again once the grace time is over (no status may come to prompt it)."""
