@@ -41,7 +41,7 @@ if __name__ == "__main__" and not __package__:
 
 from bench.errors import BenchError
 from bench.models import DEMO, MICRO, Shape
-from hypha.accelerate_executor.bridge.actions import (
+from hypha.accelerate_executor.protocol.actions.messages import (
     ACTION_REQUEST,
     BatchCompletedStatus,
     ExecuteBatch,

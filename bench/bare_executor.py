@@ -34,9 +34,14 @@ if __name__ == "__main__" and not __package__:
 import torch
 from safetensors.torch import load_file, save_file
 
-from hypha.accelerate_executor.bridge.bodies import batch_status
-from hypha.accelerate_executor.bridge.client import BridgeClient, Continue, Done, ScheduleUpdate
-from hypha.accelerate_executor.spec.job import parse_job
+from hypha.accelerate_executor.bridge.client import BridgeClient
+from hypha.accelerate_executor.protocol.alpha17.job import parse_job
+from hypha.accelerate_executor.protocol.alpha17.messages import (
+    Continue,
+    Done,
+    ScheduleUpdate,
+    batch_status,
+)
 from hypha.accelerate_executor.training.modeling import load_model
 from hypha.accelerate_executor.training.optimization import adamw_arguments, build_lr_schedule
 from hypha.accelerate_executor.training.settings import switch

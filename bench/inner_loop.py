@@ -36,7 +36,7 @@ from typing import Any
 from bench.errors import BenchError
 from bench.models import Shape, parameter_count
 from bench.timing import CpuSampler
-from hypha.accelerate_executor.spec.job import parse_job
+from hypha.accelerate_executor.protocol.alpha17.job import parse_job
 from hypha.accelerate_executor.tools.selftest.runs import bare_loop, training_device
 from hypha.accelerate_executor.training.modeling import load_model
 from hypha.standin.coordinator.client import CoordinatorClient

@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from hypha.accelerate_executor.bridge import client as client_module
-from hypha.accelerate_executor.bridge.client import STATUS_ROUTE, BridgeClient
+from hypha.accelerate_executor.bridge.client import BridgeClient
 from hypha.accelerate_executor.bridge.retry import retrying
+from hypha.accelerate_executor.protocol.alpha17.messages import STATUS_ROUTE
 
 BODY = {"type": "Metrics", "round": 1, "metrics": {"loss": 1.0}}
 

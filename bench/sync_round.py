@@ -35,9 +35,14 @@ from safetensors.torch import save_file
 
 from bench.errors import BenchError
 from bench.models import Shape, parameter_count
-from hypha.accelerate_executor.bridge.bodies import batch_status
-from hypha.accelerate_executor.bridge.client import BridgeClient, Continue, ScheduleUpdate, expect
-from hypha.accelerate_executor.spec.job import Job, parse_job
+from hypha.accelerate_executor.bridge.client import BridgeClient
+from hypha.accelerate_executor.protocol.alpha17.job import Job, parse_job
+from hypha.accelerate_executor.protocol.alpha17.messages import (
+    Continue,
+    ScheduleUpdate,
+    batch_status,
+    expect,
+)
 from hypha.accelerate_executor.training.distributed import ModelWeights, canonical_names
 from hypha.accelerate_executor.training.sync import PARTS as SYNC_PARTS
 from hypha.accelerate_executor.training.sync import Synchroniser

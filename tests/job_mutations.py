@@ -370,7 +370,8 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=13)
     p.add_argument("--generation", choices=("alpha17", "actions"), default="alpha17")
     args = p.parse_args()
-    from hypha.accelerate_executor.spec.job import parse_action_job_bytes, parse_job_bytes
+    from hypha.accelerate_executor.protocol.actions.job import parse_action_job_bytes
+    from hypha.accelerate_executor.protocol.alpha17.job import parse_job_bytes
 
     parse = parse_job_bytes if args.generation == "alpha17" else parse_action_job_bytes
     judgements = judge(mutations(args.seed, args.cases), build_oracle(), parse, args.generation)

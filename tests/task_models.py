@@ -122,7 +122,7 @@ class TaskCase:
 
     def write_model(self, folder: Path) -> list[str]:
         """The model (and tokenizer) saved to `folder`; returns the files to fetch."""
-        from hypha.accelerate_executor.spec.tasks import trains
+        from hypha.accelerate_executor.protocol.tasks import trains
         from hypha.accelerate_executor.training.modeling import _transformers_class
 
         torch.manual_seed(0)

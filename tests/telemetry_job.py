@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from hypha.accelerate_executor.spec.job import Generation
+from hypha.accelerate_executor.protocol.generation import Generation
 from hypha.standin.coordinator.server import RunOptions
 from hypha.standin.demo import run_demo
 from hypha.standin.otlp_receiver import Receiver

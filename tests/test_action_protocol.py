@@ -24,7 +24,8 @@ import torch
 from safetensors.torch import load, save
 
 from hypha.accelerate_executor.bridge.action_client import ActionBridgeClient, probe_generation
-from hypha.accelerate_executor.bridge.actions import (
+from hypha.accelerate_executor.errors import BridgeError
+from hypha.accelerate_executor.protocol.actions.messages import (
     Action,
     ApplyUpdate,
     ExecuteBatch,
@@ -37,8 +38,7 @@ from hypha.accelerate_executor.bridge.actions import (
     parse_action_response,
     sent_update,
 )
-from hypha.accelerate_executor.bridge.bodies import wire
-from hypha.accelerate_executor.errors import BridgeError
+from hypha.accelerate_executor.protocol.messages import wire
 from hypha.accelerate_executor.training.diloco import GlobalWeights
 from hypha.standin.backend import Push
 from hypha.standin.coordinator.core import InProcessBackend

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from hypha.accelerate_executor.errors import JobSpecError
-from hypha.accelerate_executor.spec.job import parse_any_job_bytes
+from hypha.accelerate_executor.protocol.generation import parse_any_job_bytes
 from job_mutations import mutations
 
 SAMPLE = 50

@@ -15,11 +15,16 @@ from pathlib import Path
 import pytest
 
 from hypha.accelerate_executor.bridge import client as bridge
-from hypha.accelerate_executor.bridge.bodies import batch_status, round_metrics
-from hypha.accelerate_executor.bridge.client import BridgeClient, Continue
+from hypha.accelerate_executor.bridge.client import BridgeClient
 from hypha.accelerate_executor.bridge.retry import RetryPolicy
 from hypha.accelerate_executor.errors import BridgeError, BridgeGoneError, UnsafePathError
-from hypha.accelerate_executor.spec.job import PeersReference, SchedulerReference
+from hypha.accelerate_executor.protocol.alpha17.job import PeersReference
+from hypha.accelerate_executor.protocol.alpha17.messages import (
+    Continue,
+    batch_status,
+    round_metrics,
+)
+from hypha.accelerate_executor.protocol.job import SchedulerReference
 from unix_http import QuietHandler, serving
 
 PS_PEER = "12D3KooWJ6MBkbH3o7j2yhhDAF7gRxA4Zm5cpuEUr2Znp1VvNBw3"
@@ -229,11 +234,8 @@ def test_a_standing_receive_is_on_the_bridges_socket_before_it_returns(tmp_path:
     loaded machine). The bridge here accepts but never answers; checked without waiting."""
     import socket
 
-    from hypha.accelerate_executor.bridge.action_client import (
-        ActionBridgeClient,
-        StandingReceive,
-    )
-    from hypha.accelerate_executor.spec.job import ActionPeersReference
+    from hypha.accelerate_executor.bridge.action_client import ActionBridgeClient, StandingReceive
+    from hypha.accelerate_executor.protocol.actions.job import ActionPeersReference
 
     path = tmp_path / "bridge.sock"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -1,4 +1,4 @@
-"""The bridge's messages are declared once (bridge/bodies.py, bridge/actions.py,
+"""The bridge's messages are declared once (protocol/messages.py, protocol/alpha17/messages.py, protocol/actions/messages.py,
 bridge/client.py): what one side writes through a declaration, the other reads back through
 it unchanged, and the wire is upstream's spelling, pinned here in literals."""
 
@@ -9,11 +9,15 @@ import time
 
 import pytest
 
-from hypha.accelerate_executor.bridge import bodies
-from hypha.accelerate_executor.bridge.actions import (
+from hypha.accelerate_executor.errors import SerdeError
+from hypha.accelerate_executor.protocol.actions.messages import (
+    ACTION_RECEIVE_REQUEST,
     ACTION_REQUEST,
+    ACTION_SEND_REQUEST,
     IDLE,
     Action,
+    ActionReceiveRequest,
+    ActionSendRequest,
     ApplyUpdate,
     ExecuteBatch,
     Idle,
@@ -22,6 +26,7 @@ from hypha.accelerate_executor.bridge.actions import (
     SendModel,
     SendUpdate,
     Status,
+    SystemTime,
     Terminate,
     WaitForModel,
     action_request,
@@ -31,19 +36,27 @@ from hypha.accelerate_executor.bridge.actions import (
     parse_action_response,
     sent_update,
 )
-from hypha.accelerate_executor.bridge.client import (
+from hypha.accelerate_executor.protocol.alpha17.job import PeersReference
+from hypha.accelerate_executor.protocol.alpha17.messages import (
+    PROGRESS,
+    RECEIVE_REQUEST,
+    SEND_REQUEST,
     Continue,
     Done,
     Error,
     Ok,
+    ReceiveRequest,
     SchedulerAnswer,
     ScheduleUpdate,
+    SendRequest,
     answer_body,
+    batch_status,
     parse_answer,
+    round_metrics,
 )
-from hypha.accelerate_executor.errors import SerdeError
-from hypha.accelerate_executor.spec.job import PeersReference, Strategy
-from hypha.accelerate_executor.spec.serde_json import from_python
+from hypha.accelerate_executor.protocol.job import Strategy
+from hypha.accelerate_executor.protocol.messages import wire
+from hypha.accelerate_executor.protocol.serde_json import from_python
 from hypha.standin.scheduler.action_scheduler import peers
 
 JOB_ID = "0b7f3c52-9a1e-4c55-8d2a-3f6e1b9d4a10"
@@ -94,9 +107,7 @@ def test_an_action_is_spelled_as_upstreams() -> None:
 
 
 def test_a_deadline_never_carries_a_whole_second_of_nanos() -> None:
-    assert bodies.SystemTime.at(1.9999999999) == bodies.SystemTime(
-        secs_since_epoch=2, nanos_since_epoch=0
-    )
+    assert SystemTime.at(1.9999999999) == SystemTime(secs_since_epoch=2, nanos_since_epoch=0)
 
 
 STATUSES: list[Status] = [
@@ -135,17 +146,17 @@ def test_an_answer_the_stand_in_writes_is_the_one_the_executor_reads(
 
 def test_progress_is_spelled_as_upstreams_and_read_back() -> None:
     written = [
-        (bodies.batch_status(8), {"status": {"batch_size": 8}}),
+        (batch_status(8), {"status": {"batch_size": 8}}),
         (
-            bodies.round_metrics(1, {"loss": 2.0}),
+            round_metrics(1, {"loss": 2.0}),
             {"metrics": {"round": 1, "metrics": {"loss": 2.0}}},
         ),
         ("update", "update"),
     ]
     assert answer_body(ScheduleUpdate(4)) == {"type": "ScheduleUpdate", "counter": 4}
-    for progress, wire in written:
-        assert bodies.PROGRESS.dump_python(progress) == wire
-        assert bodies.PROGRESS.validate_python(wire) == progress
+    for progress, on_wire in written:
+        assert PROGRESS.dump_python(progress) == on_wire
+        assert PROGRESS.validate_python(on_wire) == progress
 
 
 def test_the_request_bodies_the_client_writes_are_what_the_stand_ins_serde_reads() -> None:
@@ -153,28 +164,26 @@ def test_the_request_bodies_the_client_writes_are_what_the_stand_ins_serde_reads
     action_era = peers([PS], "All")
     deadline = time.time() + 60
     written = [
-        (bodies.SEND_REQUEST, bodies.SendRequest(resource=alpha17, path="update.safetensors")),
-        (bodies.RECEIVE_REQUEST, bodies.ReceiveRequest(resource=alpha17, path="incoming")),
+        (SEND_REQUEST, SendRequest(resource=alpha17, path="update.safetensors")),
+        (RECEIVE_REQUEST, ReceiveRequest(resource=alpha17, path="incoming")),
         (
-            bodies.ACTION_SEND_REQUEST,
-            bodies.ActionSendRequest(resource=action_era, path="u.safetensors", remove_file=True),
+            ACTION_SEND_REQUEST,
+            ActionSendRequest(resource=action_era, path="u.safetensors", remove_file=True),
         ),
         (
-            bodies.ACTION_RECEIVE_REQUEST,
-            bodies.ActionReceiveRequest(
-                resource=action_era, path="incoming", timeout=bodies.SystemTime.at(deadline)
+            ACTION_RECEIVE_REQUEST,
+            ActionReceiveRequest(
+                resource=action_era, path="incoming", timeout=SystemTime.at(deadline)
             ),
         ),
     ]
     for serde, body in written:
-        wire = json_round_trip(bodies.wire(body))
-        assert serde.decode(from_python(wire), ()) == wire
-        assert type(body).model_validate(wire) == body
+        on_wire = json_round_trip(wire(body))
+        assert serde.decode(from_python(on_wire), ()) == on_wire
+        assert type(body).model_validate(on_wire) == body
     # What serde refuses: a send without `remove_file` to an action-era bridge.
     with pytest.raises(SerdeError, match="remove_file"):
-        bodies.ACTION_SEND_REQUEST.decode(
-            from_python({"resource": bodies.wire(action_era), "path": "x"}), ()
-        )
+        ACTION_SEND_REQUEST.decode(from_python({"resource": wire(action_era), "path": "x"}), ())
 
 
 def test_a_batch_completed_without_batches_reads_as_one_batch() -> None:

@@ -12,9 +12,7 @@ from pathlib import Path
 import pytest
 
 from hypha.accelerate_executor.bridge.action_client import ActionBridgeClient
-from hypha.accelerate_executor.bridge.actions import Terminate, batch_completed
-from hypha.accelerate_executor.bridge.bodies import batch_status
-from hypha.accelerate_executor.bridge.client import BridgeClient, Continue
+from hypha.accelerate_executor.bridge.client import BridgeClient
 from hypha.accelerate_executor.bridge.progress import StatusReporter
 from hypha.accelerate_executor.bridge.retry import (
     BridgeRetriesExhausted,
@@ -22,11 +20,11 @@ from hypha.accelerate_executor.bridge.retry import (
     retrying,
 )
 from hypha.accelerate_executor.errors import BridgeError, BridgeGoneError
-from hypha.accelerate_executor.spec.job import (
-    ActionPeersReference,
-    PeersReference,
-    SchedulerReference,
-)
+from hypha.accelerate_executor.protocol.actions.job import ActionPeersReference
+from hypha.accelerate_executor.protocol.actions.messages import Terminate, batch_completed
+from hypha.accelerate_executor.protocol.alpha17.job import PeersReference
+from hypha.accelerate_executor.protocol.alpha17.messages import Continue, batch_status
+from hypha.accelerate_executor.protocol.job import SchedulerReference
 from unix_http import QuietHandler, serving
 
 QUICK = RetryPolicy(first_pause_s=0.01, max_pause_s=0.05, total_s=0.5)

@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from hypha.accelerate_executor.spec.job import parse_job
+from hypha.accelerate_executor.protocol.alpha17.job import parse_job
 from hypha.accelerate_executor.training.compiling import block_list
 from hypha.accelerate_executor.training.diloco import GlobalWeights
 from hypha.accelerate_executor.training.steps import MicroBatchedStep

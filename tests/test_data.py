@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 
 from hypha.accelerate_executor.bridge.client import BridgeClient
 from hypha.accelerate_executor.errors import DataError, ExecutorError
-from hypha.accelerate_executor.spec.job import SchedulerReference
+from hypha.accelerate_executor.protocol.job import SchedulerReference
 from hypha.accelerate_executor.training.data import (
     OWN_SLICES_DIR,
     READ_WHOLE_BYTES,

@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 
 from hypha.accelerate_executor.bridge.action_client import ActionBridgeClient
-from hypha.accelerate_executor.bridge.actions import (
+from hypha.accelerate_executor.errors import UsageError
+from hypha.accelerate_executor.protocol.actions.messages import (
     ApplyUpdate,
     ExecuteBatch,
     Idle,
     SendUpdate,
     Terminate,
 )
-from hypha.accelerate_executor.errors import UsageError
 from hypha.standin.coordinator.server import RunOptions
 from hypha.standin.demo import run_demo
 from hypha.standin.scheduler.action_scheduler import peers

@@ -34,7 +34,7 @@ def executor(*names: str) -> tuple[str, ...]:
 # Bottom to top: a module's layer is the first whose names or prefixes hold it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("ground", executor("", "errors", "entry", "supervisor", "telemetry")),
-    ("spec", executor("spec")),
+    ("protocol", executor("protocol")),
     ("platform", executor("platform")),
     ("bridge", executor("bridge")),
     ("training", executor("training")),
@@ -127,7 +127,7 @@ def circles(edges: dict[str, set[str]]) -> list[list[str]]:
 def test_the_graph_is_read_from_the_source() -> None:
     edges = graph()
     # Known arrows, so that a reader that finds nothing cannot pass the tests below.
-    assert f"{EXECUTOR}.errors" in edges[f"{EXECUTOR}.spec.job"]
+    assert f"{EXECUTOR}.errors" in edges[f"{EXECUTOR}.protocol.job"]
     assert "standin.worker.bridge_core" in edges["standin.worker.bridge_http"]
     assert f"{EXECUTOR}.shim.engine" in edges[f"{EXECUTOR}.shim.run"]
     assert "standin.data_service.assets" in edges[f"{EXECUTOR}.tools.selftest.runs"]
@@ -150,6 +150,6 @@ def test_no_modules_import_each_other_in_a_circle() -> None:
 def test_a_circle_and_an_upward_import_are_seen() -> None:
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert (
-        layer(f"{EXECUTOR}.errors") < layer(f"{EXECUTOR}.spec.job") < layer(f"{EXECUTOR}.shim.run")
+        layer(f"{EXECUTOR}.errors") < layer(f"{EXECUTOR}.protocol.job") < layer(f"{EXECUTOR}.shim.run")
     )
     assert layer(f"{EXECUTOR}.shim.run") < layer("standin.worker.worker") < layer(f"{EXECUTOR}.cli")

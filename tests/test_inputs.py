@@ -15,7 +15,7 @@ from tokenizers.pre_tokenizers import Whitespace
 from transformers import AutoImageProcessor, PreTrainedTokenizerFast
 
 from hypha.accelerate_executor.errors import DataError, JobSpecError
-from hypha.accelerate_executor.spec.job import TrainConfig, parse_job
+from hypha.accelerate_executor.protocol.alpha17.job import TrainConfig, parse_job
 from hypha.accelerate_executor.training.inputs import (
     MaskedLanguageModelling,
     ModelInputs,

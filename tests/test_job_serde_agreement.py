@@ -13,11 +13,9 @@ from typing import Any
 import pytest
 
 from hypha.accelerate_executor.errors import JobSpecError, UntrainableJobError
-from hypha.accelerate_executor.spec.job import (
-    parse_action_job_bytes,
-    parse_any_job_bytes,
-    parse_job_bytes,
-)
+from hypha.accelerate_executor.protocol.actions.job import parse_action_job_bytes
+from hypha.accelerate_executor.protocol.alpha17.job import parse_job_bytes
+from hypha.accelerate_executor.protocol.generation import parse_any_job_bytes
 from job_mutations import (
     OracleUnavailable,
     build_oracle,

@@ -12,15 +12,11 @@ from typing import Any, get_args
 import pytest
 
 from hypha.accelerate_executor.errors import JobSpecError, UntrainableJobError
-from hypha.accelerate_executor.spec.job import (
-    ActionJob,
-    Ambiguous,
-    Job,
-    ModelTask,
-    parse_any_job_bytes,
-    parse_job,
-)
-from hypha.accelerate_executor.spec.tasks import TASKS, Trains
+from hypha.accelerate_executor.protocol.actions.job import ActionJob
+from hypha.accelerate_executor.protocol.alpha17.job import Job, parse_job
+from hypha.accelerate_executor.protocol.generation import Ambiguous, parse_any_job_bytes
+from hypha.accelerate_executor.protocol.job import ModelTask
+from hypha.accelerate_executor.protocol.tasks import TASKS, Trains
 
 EXAMPLES = sorted((Path(__file__).parent / "data").glob("job-*.json"))
 # Jobs as an action-era scheduler sends them (no `updates`, no `results`); the rest are alpha.17's.
@@ -293,7 +289,7 @@ def test_missing_arguments_exit_2_with_one_line() -> None:
 
 
 def test_json_schema_is_exported() -> None:
-    from hypha.accelerate_executor.spec.job import json_schema
+    from hypha.accelerate_executor.protocol.generation import json_schema
 
     schema = json.dumps(json_schema())
     assert "input-names" in schema and "learning-rate" in schema and "batch_size" in schema

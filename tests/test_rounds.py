@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from hypha.accelerate_executor.bridge.client import (
-    BridgeClient,
+from hypha.accelerate_executor.bridge.client import BridgeClient
+from hypha.accelerate_executor.bridge.progress import StatusAnswer, StatusReporter
+from hypha.accelerate_executor.errors import BridgeError, SchedulerError
+from hypha.accelerate_executor.protocol.alpha17.messages import (
     Continue,
     Done,
     Error,
@@ -23,9 +25,7 @@ from hypha.accelerate_executor.bridge.client import (
     ScheduleUpdate,
     parse_answer,
 )
-from hypha.accelerate_executor.bridge.progress import StatusAnswer, StatusReporter
-from hypha.accelerate_executor.errors import BridgeError, SchedulerError
-from hypha.accelerate_executor.spec.job import LinearWithWarmup, WarmupStableDecay
+from hypha.accelerate_executor.protocol.job import LinearWithWarmup, WarmupStableDecay
 from hypha.accelerate_executor.training.alpha17_loop import TRAIN_ON, Decision, scheduler_decision
 from hypha.accelerate_executor.training.optimization import build_lr_schedule
 from unix_http import QuietHandler, serving

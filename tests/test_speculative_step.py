@@ -23,7 +23,8 @@ import pytest
 import torch
 from safetensors.torch import load
 
-from hypha.accelerate_executor.bridge.actions import (
+from hypha.accelerate_executor.platform.launcher.plan import free_port
+from hypha.accelerate_executor.protocol.actions.messages import (
     Action,
     ApplyUpdate,
     ExecuteBatch,
@@ -31,7 +32,6 @@ from hypha.accelerate_executor.bridge.actions import (
     SendUpdate,
     Terminate,
 )
-from hypha.accelerate_executor.platform.launcher.plan import free_port
 from hypha.standin.scheduler.action_scheduler import peers
 from test_action_protocol import action_bridge, push_once_receiving, zero_update
 

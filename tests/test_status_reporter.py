@@ -19,10 +19,11 @@ import pytest
 
 from hypha.accelerate_executor.bridge import client as bridge_client
 from hypha.accelerate_executor.bridge import progress
-from hypha.accelerate_executor.bridge.client import BridgeClient, Continue, ScheduleUpdate
+from hypha.accelerate_executor.bridge.client import BridgeClient
 from hypha.accelerate_executor.bridge.progress import StatusReporter
 from hypha.accelerate_executor.bridge.retry import RetryPolicy
 from hypha.accelerate_executor.errors import BridgeError, BridgeGoneError
+from hypha.accelerate_executor.protocol.alpha17.messages import Continue, ScheduleUpdate
 from unix_http import serving
 
 CONTINUE = b'{"type": "Continue"}'

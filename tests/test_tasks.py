@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-from hypha.accelerate_executor.spec.job import parse_job
-from hypha.accelerate_executor.spec.tasks import TASKS, Trains
+from hypha.accelerate_executor.protocol.alpha17.job import parse_job
+from hypha.accelerate_executor.protocol.tasks import TASKS, Trains
 from hypha.standin.coordinator.client import CoordinatorClient
 from hypha.standin.coordinator.server import Coordinator, RunOptions
 from hypha.standin.worker.bridge_server import BridgeServer

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from hypha.accelerate_executor.protocol.generation import GENERATIONS, Generation
 from hypha.accelerate_executor.shim.otlp_relay import OtlpRelay
 from hypha.accelerate_executor.shim.otlp_upstream import (
     GrpcRoute,
@@ -23,7 +24,6 @@ from hypha.accelerate_executor.shim.otlp_upstream import (
     grpc_route,
     upstream_from,
 )
-from hypha.accelerate_executor.spec.job import GENERATIONS, Generation
 from hypha.accelerate_executor.telemetry import SOCKET_VARIABLE, Telemetry, wanted
 from hypha.standin.otlp_receiver import Receiver
 from telemetry_job import (

@@ -13,7 +13,7 @@ import heapq
 
 import pytest
 
-from hypha.accelerate_executor.bridge.actions import (
+from hypha.accelerate_executor.protocol.actions.messages import (
     APPLIED_UPDATE,
     IDLE,
     JOINED,

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import pytest
 
-from hypha.accelerate_executor.bridge.actions import (
+from hypha.accelerate_executor.protocol.actions.messages import (
     APPLIED_UPDATE,
     IDLE,
     JOINED,

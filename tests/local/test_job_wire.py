@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from hypha.accelerate_executor.spec.job import parse_action_job_bytes, parse_job_bytes
+from hypha.accelerate_executor.protocol.actions.job import parse_action_job_bytes
+from hypha.accelerate_executor.protocol.alpha17.job import parse_job_bytes
 from hypha.standin.data_service.service import Catalog
 from hypha.standin.jobs import RunOptions, job_spec, new_peer_id
 

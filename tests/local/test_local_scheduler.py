@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from hypha.accelerate_executor.bridge.client import Continue, Done, Ok, ScheduleUpdate
 from hypha.accelerate_executor.errors import ProgressError
+from hypha.accelerate_executor.protocol.alpha17.messages import Continue, Done, Ok, ScheduleUpdate
 from hypha.standin.data_service.service import SliceTracker
 from hypha.standin.scheduler.batch_scheduler import (
     BatchScheduler,

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from hypha.accelerate_executor.bridge.action_client import ActionBridgeClient
-from hypha.accelerate_executor.bridge.actions import (
+from hypha.accelerate_executor.protocol.actions.messages import (
     APPLIED_UPDATE,
     IDLE,
     JOINED,

@@ -42,7 +42,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "hypha.standin.cli",
         "local stand-in for the Hypha side: demo, coordinator, worker",
     ),
-    "schema": ("hypha.accelerate_executor.spec.job", "print the job spec's JSON Schema"),
+    "schema": ("hypha.accelerate_executor.protocol.generation", "print the job spec's JSON Schema"),
 }
 # Why a command an installation leaves out is missing, where that is not just a module.
 LEFT_OUT: dict[str, str] = {

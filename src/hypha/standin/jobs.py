@@ -1,6 +1,6 @@
 """What a local run is: its options, the job kinds it can play, and the job spec each
 worker gets, shaped exactly as a Hypha scheduler sends it (docs/protocol.md sections 4 and 8),
-built through the executor's own declaration of the job (spec/job.py)."""
+built through the executor's own declaration of the job (protocol/)."""
 
 from __future__ import annotations
 
@@ -9,25 +9,28 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal, get_args
 
 from hypha.accelerate_executor.errors import UsageError
-from hypha.accelerate_executor.spec.job import (
-    GENERATIONS,
+from hypha.accelerate_executor.protocol.actions.job import (
     ActionExecutorSpec,
     ActionJob,
     ActionModelSpec,
     ActionPreprocessorSpec,
     ActionTrainConfig,
+)
+from hypha.accelerate_executor.protocol.alpha17.job import (
+    ExecutorSpec,
+    Job,
+    PeersReference,
+    TrainConfig,
+)
+from hypha.accelerate_executor.protocol.generation import GENERATIONS, Generation
+from hypha.accelerate_executor.protocol.job import (
     CosineWithWarmup,
     Descriptor,
-    ExecutorSpec,
-    Generation,
     HuggingFaceReference,
-    Job,
     LinearWithWarmup,
     OptimizerSpec,
-    PeersReference,
     SchedulerReference,
     Strategy,
-    TrainConfig,
 )
 from hypha.standin.data_service.assets import AssetKind, AssetSpec, MaskedLmSpec
 from hypha.standin.data_service.lenet import LeNetSpec
@@ -175,7 +178,7 @@ def job_spec(
     job_id: str, options: RunOptions, catalog: Catalog, scheduler_peer: str, parameter_server: str
 ) -> dict[str, Any]:
     """The job JSON for one worker, built through the executor's declaration of the job
-    (spec/job.py) of the run's generation."""
+    (protocol/) of the run's generation."""
     task, input_names = {
         "lenet": ("image-classification", ["pixel_values", "labels"]),
         # What a user writes after reading upstream's data docs: the slices' tensors; the
@@ -225,7 +228,9 @@ def job_spec(
         peers = PeersReference(
             type="peers", peers=[parameter_server], strategy=Strategy(type="All")
         )
-        train = TrainConfig.model_validate({**dict(config), "updates": peers, "results": peers})
+        # The shared fields as values: alpha.17's model and preprocessor are classes of its own.
+        shared = config.model_dump(by_alias=True, exclude_none=True)
+        train = TrainConfig.model_validate({**shared, "updates": peers, "results": peers})
         executor17 = ExecutorSpec(class_="train", descriptor=descriptor, config=train)
         job = Job(job_id=job_id, executor=executor17)
     spec = job.model_dump(mode="json", by_alias=True)

@@ -20,18 +20,6 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from hypha.accelerate_executor.bridge.actions import (
-    Action,
-    Status,
-    action_request,
-    parse_action_response,
-)
-from hypha.accelerate_executor.bridge.bodies import (
-    ActionReceiveRequest,
-    ActionSendRequest,
-    SystemTime,
-    wire,
-)
 from hypha.accelerate_executor.bridge.client import (
     FETCH_TIMEOUT_S,
     REQUEST_TIMEOUT_S,
@@ -44,9 +32,25 @@ from hypha.accelerate_executor.bridge.client import (
 )
 from hypha.accelerate_executor.bridge.retry import RetryPolicy, retrying
 from hypha.accelerate_executor.errors import BridgeError
-from hypha.accelerate_executor.spec.job import ActionPeersReference, Generation
+from hypha.accelerate_executor.protocol.actions.job import ActionPeersReference
+from hypha.accelerate_executor.protocol.actions.messages import (
+    ACTION_ROUTE,
+    Action,
+    ActionReceiveRequest,
+    ActionSendRequest,
+    Status,
+    SystemTime,
+    action_request,
+    parse_action_response,
+)
+from hypha.accelerate_executor.protocol.generation import (
+    PROBE_BODY,
+    PROBE_ROUTE,
+    Generation,
+    generation_answering,
+)
+from hypha.accelerate_executor.protocol.messages import wire
 
-ACTION_ROUTE = "/action/update"
 # Beyond a receive's deadline: how long the bridge may take to say 204, and how long its
 # receive directory may go unwritten while a late push still streams in.
 RECEIVE_SLACK_S = 30.0
@@ -75,14 +79,12 @@ RECEIVE_AGAIN_S = 1.0
 
 
 def probe_generation(socket_path: Path) -> Generation | None:
-    """Which generation the bridge serves, asked without side effects: `POST /action/update`
-    with `{}`, a body no bridge accepts, so nothing reaches a scheduler. An action-era bridge
-    refuses it (422, its JSON extractor), an alpha.17 one has no such route (404). None when
-    the answer says neither, or the bridge cannot be reached."""
+    """Which generation the bridge serves, asked without side effects (protocol/generation.py);
+    None when the answer names neither, or the bridge cannot be reached."""
     connection = _UnixHTTPConnection(socket_path, PROBE_TIMEOUT_S)
     try:
         connection.request(
-            "POST", ACTION_ROUTE, body=b"{}", headers={"Content-Type": "application/json"}
+            "POST", PROBE_ROUTE, body=PROBE_BODY, headers={"Content-Type": "application/json"}
         )
         response = connection.getresponse()
         response.read()
@@ -90,7 +92,7 @@ def probe_generation(socket_path: Path) -> Generation | None:
         return None
     finally:
         connection.close()
-    return {422: "actions", 404: "alpha17"}.get(response.status)  # type: ignore[return-value]
+    return generation_answering(response.status)
 
 
 class ActionBridgeClient(BridgeClient):

@@ -21,18 +21,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from hypha.accelerate_executor.bridge.bodies import (
-    PROGRESS,
-    Progress,
-    ReceiveRequest,
-    SendRequest,
-    wire,
-)
 from hypha.accelerate_executor.bridge.http_wire import connect_unix
 from hypha.accelerate_executor.bridge.paths import resolve_in_work_dir
 from hypha.accelerate_executor.bridge.retry import DEFAULT_POLICY, retrying
-from hypha.accelerate_executor.errors import BridgeError, BridgeGoneError, SchedulerError
-from hypha.accelerate_executor.spec.job import PeersReference, Reference
+from hypha.accelerate_executor.errors import BridgeError, BridgeGoneError
+from hypha.accelerate_executor.protocol.alpha17.job import PeersReference, Reference
+from hypha.accelerate_executor.protocol.alpha17.messages import (
+    PROGRESS,
+    STATUS_ROUTE,
+    Progress,
+    ReceiveRequest,
+    SchedulerAnswer,
+    SendRequest,
+    parse_answer,
+)
+from hypha.accelerate_executor.protocol.messages import wire
 
 # The bridge writes `: keepalive` every 5 s; three missed in a row means it is gone.
 STREAM_SILENCE_LIMIT_S = 15.0
@@ -42,76 +45,8 @@ FETCH_TIMEOUT_S = 3600.0
 # A connection idle for longer is not reused (see BridgeClient._acquire); well under any
 # server's idle timeout, well over a training step.
 REUSE_IDLE_S = 2.0
-STATUS_ROUTE = "/status/send"
 
 _CONNECTION_LOST = (ConnectionError, FileNotFoundError, http.client.RemoteDisconnected)
-
-
-@dataclass(frozen=True)
-class Ok:
-    """To `update` and `metrics`."""
-
-
-@dataclass(frozen=True)
-class Continue:
-    """To `status`: train on; to `update-received`: the next round."""
-
-
-@dataclass(frozen=True)
-class ScheduleUpdate:
-    """To `status`: train `counter` more batches after those counted, then synchronise."""
-
-    counter: int
-
-
-@dataclass(frozen=True)
-class Done:
-    """The job is over."""
-
-
-@dataclass(frozen=True)
-class Error:
-    """The scheduler refused the message (a `status` while an update is in flight)."""
-
-
-SchedulerAnswer = Ok | Continue | ScheduleUpdate | Done | Error
-# On the wire, `{"type": <the class's name>}`, and ScheduleUpdate's `counter` beside it.
-_ANSWERS: dict[str, SchedulerAnswer] = {
-    type(answer).__name__: answer for answer in (Ok(), Continue(), Done(), Error())
-}
-ANSWER_NAMES = tuple(_ANSWERS)  # the answers without fields
-
-
-def parse_answer(value: Any) -> SchedulerAnswer:
-    """The scheduler's answer (`{"type": ...}`, docs/protocol.md section 5) as a typed value."""
-    if not isinstance(value, dict):
-        raise BridgeError(STATUS_ROUTE, 200, "bad_answer", f"not a scheduler answer: {value!r}")
-    kind = value.get("type")
-    if kind == ScheduleUpdate.__name__:
-        counter = value.get("counter")
-        if type(counter) is not int or counter < 0:  # a u32 in Hypha's scheduler
-            raise SchedulerError(f"the scheduler's ScheduleUpdate has no valid counter: {value!r}")
-        return ScheduleUpdate(counter)
-    answer = _ANSWERS.get(kind) if isinstance(kind, str) else None
-    if answer is None:
-        raise SchedulerError(f"the scheduler answered something unknown: {value!r}")
-    return answer
-
-
-def answer_body(answer: SchedulerAnswer) -> dict[str, Any]:
-    """The answer as the scheduler sends it, what parse_answer reads: the stand-in's
-    scheduler answers through it."""
-    fields = {"counter": answer.counter} if isinstance(answer, ScheduleUpdate) else {}
-    return {"type": type(answer).__name__, **fields}
-
-
-def expect(answer: SchedulerAnswer, *allowed: type[SchedulerAnswer], sent: str) -> None:
-    """SchedulerError unless `answer` is of one of the `allowed` kinds."""
-    if not isinstance(answer, allowed):
-        raise SchedulerError(
-            f"the scheduler answered {type(answer).__name__!r} to {sent!r}; expected "
-            f"{' or '.join(kind.__name__ for kind in allowed)}"
-        )
 
 
 @dataclass(frozen=True)

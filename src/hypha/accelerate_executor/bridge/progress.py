@@ -23,17 +23,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hypha.accelerate_executor.bridge.bodies import batch_status, wire
 from hypha.accelerate_executor.bridge.client import (
     REQUEST_TIMEOUT_S,
     REUSE_IDLE_S,
-    STATUS_ROUTE,
     BridgeClient,
     ReceivedFile,
-    SchedulerAnswer,
     idle_connection_is_spent,
     json_body,
-    parse_answer,
     raise_for,
     reaching,
 )
@@ -45,7 +41,14 @@ from hypha.accelerate_executor.bridge.http_wire import (
 )
 from hypha.accelerate_executor.bridge.retry import retrying
 from hypha.accelerate_executor.errors import BridgeError, BridgeGoneError, ExecutorError
-from hypha.accelerate_executor.spec.job import PeersReference
+from hypha.accelerate_executor.protocol.alpha17.job import PeersReference
+from hypha.accelerate_executor.protocol.alpha17.messages import (
+    STATUS_ROUTE,
+    SchedulerAnswer,
+    batch_status,
+    parse_answer,
+)
+from hypha.accelerate_executor.protocol.messages import wire
 
 # A bridge this far behind is not answering: the next status waits for the oldest answer.
 MAX_IN_FLIGHT = 64

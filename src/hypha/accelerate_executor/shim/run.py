@@ -45,6 +45,8 @@ from hypha.accelerate_executor.platform.image_tags import (
     VARIANTS,
 )
 from hypha.accelerate_executor.platform.variants import BY_NAME
+from hypha.accelerate_executor.protocol.generation import Ambiguous, parse_any_job_bytes
+from hypha.accelerate_executor.protocol.job import job_bytes
 from hypha.accelerate_executor.shim import compile_cache
 from hypha.accelerate_executor.shim.container import run_container
 from hypha.accelerate_executor.shim.container_spec import (
@@ -68,7 +70,6 @@ from hypha.accelerate_executor.shim.otlp_upstream import (
     upstream_from,
 )
 from hypha.accelerate_executor.shim.reaper import shim_labels
-from hypha.accelerate_executor.spec.job import Ambiguous, job_bytes, parse_any_job_bytes
 from hypha.accelerate_executor.supervisor import Interrupts
 
 if TYPE_CHECKING:

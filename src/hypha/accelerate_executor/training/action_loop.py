@@ -49,7 +49,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hypha.accelerate_executor import telemetry
-from hypha.accelerate_executor.bridge.actions import (
+from hypha.accelerate_executor.errors import BridgeError, ExecutorError
+from hypha.accelerate_executor.protocol.actions.job import ActionJob, ActionPeersReference
+from hypha.accelerate_executor.protocol.actions.messages import (
     APPLIED_UPDATE,
     IDLE,
     JOINED,
@@ -72,18 +74,14 @@ from hypha.accelerate_executor.bridge.actions import (
     error_status,
     sent_update,
 )
-from hypha.accelerate_executor.errors import BridgeError, ExecutorError
-from hypha.accelerate_executor.spec.job import ActionJob, ActionPeersReference, Strategy
+from hypha.accelerate_executor.protocol.job import Strategy
 from hypha.accelerate_executor.training.clocks import Laps
 from hypha.accelerate_executor.training.workbench import Workbench
 
 if TYPE_CHECKING:
     import torch
 
-    from hypha.accelerate_executor.bridge.action_client import (
-        ActionBridgeClient,
-        StandingReceive,
-    )
+    from hypha.accelerate_executor.bridge.action_client import ActionBridgeClient, StandingReceive
     from hypha.accelerate_executor.bridge.client import ReceivedFile
     from hypha.accelerate_executor.training.data import Batch
     from hypha.accelerate_executor.training.diloco import GlobalWeights

@@ -28,8 +28,6 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from hypha.accelerate_executor import telemetry
-from hypha.accelerate_executor.bridge.bodies import round_metrics
-from hypha.accelerate_executor.bridge.client import Continue, Done, Ok, ScheduleUpdate, expect
 from hypha.accelerate_executor.entry import (
     OneLineArgumentParser,
     exit_without_teardown,
@@ -41,17 +39,25 @@ from hypha.accelerate_executor.errors import (
     JobSpecError,
     UsageError,
 )
-from hypha.accelerate_executor.spec.job import (
+from hypha.accelerate_executor.protocol.actions.job import ActionJob
+from hypha.accelerate_executor.protocol.alpha17.job import Job
+from hypha.accelerate_executor.protocol.alpha17.messages import (
+    Continue,
+    Done,
+    Ok,
+    ScheduleUpdate,
+    expect,
+    round_metrics,
+)
+from hypha.accelerate_executor.protocol.generation import (
     GENERATIONS,
-    ActionJob,
     Ambiguous,
     AnyJob,
     Generation,
-    Job,
-    job_bytes,
     parse_any_job_bytes,
     why_refused,
 )
+from hypha.accelerate_executor.protocol.job import job_bytes
 from hypha.accelerate_executor.training import settings
 from hypha.accelerate_executor.training.clocks import Laps
 from hypha.accelerate_executor.training.workbench import Workbench, say

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from hypha.accelerate_executor.errors import DataError, JobSpecError
-from hypha.accelerate_executor.spec.job import AnyJob, AnyTrainConfig
-from hypha.accelerate_executor.spec.tasks import trains
+from hypha.accelerate_executor.protocol.generation import AnyJob, AnyTrainConfig
+from hypha.accelerate_executor.protocol.tasks import trains
 from hypha.accelerate_executor.training.data import IGNORED_LABEL, Batch
 
 ATTENTION_MASK = "attention_mask"

@@ -11,7 +11,7 @@ import torch
 import transformers
 
 from hypha.accelerate_executor.errors import JobSpecError, RemoteCodeRefused
-from hypha.accelerate_executor.spec.tasks import trains
+from hypha.accelerate_executor.protocol.tasks import trains
 
 # transformers 5 folded Vision2Seq into ImageTextToText; older releases have both.
 _RENAMED = {"AutoModelForVision2Seq": "AutoModelForImageTextToText"}

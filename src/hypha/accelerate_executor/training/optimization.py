@@ -7,7 +7,8 @@ from typing import Any
 
 import torch
 
-from hypha.accelerate_executor.spec.job import AnyJob, LrScheduler
+from hypha.accelerate_executor.protocol.generation import AnyJob
+from hypha.accelerate_executor.protocol.job import LrScheduler
 
 # Devices for which every torch this project ships (>= 2.8) has a fused AdamW kernel; a ROCm
 # GPU is a "cuda" device to torch.

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from hypha.accelerate_executor.errors import UsageError
-from hypha.accelerate_executor.spec.job import GENERATIONS
+from hypha.accelerate_executor.protocol.generation import GENERATIONS
 from hypha.accelerate_executor.training.speculative import (
     SPECULATIVE_STEP_CHOICES,
     SPECULATIVE_STEP_ENV,

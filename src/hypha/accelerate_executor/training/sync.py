@@ -12,16 +12,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hypha.accelerate_executor.bridge.client import (
-    BridgeClient,
+from hypha.accelerate_executor.bridge.client import BridgeClient
+from hypha.accelerate_executor.bridge.progress import UpdateInbox
+from hypha.accelerate_executor.protocol.alpha17.job import PeersReference
+from hypha.accelerate_executor.protocol.alpha17.messages import (
     Continue,
     Done,
     Ok,
     SchedulerAnswer,
     expect,
 )
-from hypha.accelerate_executor.bridge.progress import UpdateInbox
-from hypha.accelerate_executor.spec.job import PeersReference
 from hypha.accelerate_executor.training.clocks import Laps
 from hypha.accelerate_executor.training.diloco import GlobalWeights
 from hypha.accelerate_executor.training.distributed import ModelWeights

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hypha.accelerate_executor import telemetry
-from hypha.accelerate_executor.spec.job import AnyJob
+from hypha.accelerate_executor.protocol.generation import AnyJob
 
 if TYPE_CHECKING:
     import torch

@@ -20,7 +20,8 @@ from typing import Any, BinaryIO
 
 from pydantic import ValidationError
 
-from hypha.accelerate_executor.bridge.actions import (
+from hypha.accelerate_executor.errors import BackendError, CoordinatorRefusal, ProgressError
+from hypha.accelerate_executor.protocol.actions.messages import (
     ACTION_REQUEST,
     BatchCompletedStatus,
     ErrorStatus,
@@ -28,23 +29,20 @@ from hypha.accelerate_executor.bridge.actions import (
     SentUpdateStatus,
     action_response,
 )
-from hypha.accelerate_executor.bridge.bodies import (
+from hypha.accelerate_executor.protocol.alpha17.messages import (
     PROGRESS,
-    MetricsBody,
-    MetricsProgress,
-    Progress,
-    StatusBody,
-    StatusProgress,
-)
-from hypha.accelerate_executor.bridge.client import (
     Continue,
     Error,
+    MetricsBody,
+    MetricsProgress,
     Ok,
+    Progress,
     SchedulerAnswer,
     ScheduleUpdate,
+    StatusBody,
+    StatusProgress,
     answer_body,
 )
-from hypha.accelerate_executor.errors import BackendError, CoordinatorRefusal, ProgressError
 from hypha.standin.backend import ERROR_KINDS, Push, RemoteFile
 from hypha.standin.console import say, warn
 from hypha.standin.coordinator.records import RoundRecord, WorkerRecord
@@ -219,7 +217,7 @@ class CoordinatorCore:
     # Scheduler.
 
     def status(self, job_id: str, progress: Any) -> dict[str, Any]:
-        """A Progress message (bridge/bodies.PROGRESS as JSON), answered as alpha.17's
+        """A Progress message (protocol/alpha17/messages.PROGRESS as JSON), answered as alpha.17's
         scheduler does."""
         with self._cond:
             record = self._record(job_id)

@@ -26,7 +26,7 @@ model from then on; the next worker to report `applied-update` is told `send-mod
 worker. A joiner whose executor comes up after the last such `applied-update` gets no model:
 it is told `terminate` once the final model is pushed.
 
-Statuses and actions are the executor's declarations (bridge/actions.py), the shapes its
+Statuses and actions are the executor's declarations (protocol/actions/messages.py), the shapes its
 client writes and reads. Not thread-safe: the coordinator calls it under its lock.
 """
 
@@ -37,7 +37,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from hypha.accelerate_executor.bridge.actions import (
+from hypha.accelerate_executor.protocol.actions.job import ActionPeersReference
+from hypha.accelerate_executor.protocol.actions.messages import (
     Action,
     ApplyUpdate,
     BatchCompletedStatus,
@@ -52,7 +53,7 @@ from hypha.accelerate_executor.bridge.actions import (
     Terminate,
     WaitForModel,
 )
-from hypha.accelerate_executor.spec.job import ActionPeersReference, Strategy
+from hypha.accelerate_executor.protocol.job import Strategy
 
 MULTI_BATCH_SIZE = 3
 SHORT_IDLE_S = 0.5

@@ -23,14 +23,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-from hypha.accelerate_executor.bridge.client import (
+from hypha.accelerate_executor.errors import ProgressError
+from hypha.accelerate_executor.protocol.alpha17.messages import (
     Continue,
     Done,
     Ok,
     SchedulerAnswer,
     ScheduleUpdate,
 )
-from hypha.accelerate_executor.errors import ProgressError
 
 TIME_CAP_MS = 10_000
 STEPS_CAP = 3

@@ -17,8 +17,8 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from hypha.accelerate_executor.errors import BridgeRefusal, SerdeError
-from hypha.accelerate_executor.spec.serde import SerdeType
-from hypha.accelerate_executor.spec.serde_json import from_python
+from hypha.accelerate_executor.protocol.serde import SerdeType
+from hypha.accelerate_executor.protocol.serde_json import from_python
 
 MAX_BODY_BYTES = 2 * 1024 * 1024
 # A refused body up to this size is read and dropped; a larger one costs the connection.
@@ -52,7 +52,7 @@ def _unprocessable(detail: str) -> BridgeRefusal:
 
 
 def shaped(adapter: TypeAdapter[Any], raw: Any) -> Any:
-    """`raw` validated into the route's pydantic shape (bridge/bodies.py), or the 422 serde's error
+    """`raw` validated into the route's pydantic shape (protocol/), or the 422 serde's error
     gives."""
     try:
         return adapter.validate_python(raw)
@@ -63,7 +63,7 @@ def shaped(adapter: TypeAdapter[Any], raw: Any) -> Any:
 
 
 def deserialized(kind: SerdeType, raw: Any) -> Any:
-    """`raw` read as the route's serde type (bridge/bodies.py) in its canonical shape, or the 422."""
+    """`raw` read as the route's serde type (protocol/) in its canonical shape, or the 422."""
     try:
         return kind.decode(from_python(raw), ())
     except SerdeError as exc:

@@ -38,14 +38,11 @@ from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
-from hypha.accelerate_executor.bridge.bodies import (
-    DEFAULT_RECEIVE_DIR,
-    PROGRESS,
-    Progress,
-    SystemTime,
-)
 from hypha.accelerate_executor.errors import BackendError, BridgeRefusal, ErrorKind
-from hypha.accelerate_executor.spec.job import Generation
+from hypha.accelerate_executor.protocol.actions.messages import SystemTime
+from hypha.accelerate_executor.protocol.alpha17.messages import PROGRESS, Progress
+from hypha.accelerate_executor.protocol.generation import Generation
+from hypha.accelerate_executor.protocol.messages import DEFAULT_RECEIVE_DIR
 from hypha.standin.backend import BridgeBackend, Push
 from hypha.standin.console import warn
 from hypha.standin.worker.faults import FaultPlan
@@ -142,7 +139,7 @@ class JobBridge:
     # What each route does; the handler parses the request and writes the answer.
 
     def fetch(self, reference: dict[str, Any], truncated: bool = False) -> list[dict[str, Any]]:
-        """`reference`: a Reference as serde decodes it (bridge/bodies.BODY_REFERENCE).
+        """`reference`: a Reference as serde decodes it (protocol/alpha17/messages.BODY_REFERENCE).
         `truncated`: each file cut to its first half, as a download that broke off leaves
         it in upstream's cache, which hands it out unchecked."""
         kind = reference["type"]
@@ -196,7 +193,7 @@ class JobBridge:
         return path, relative, targets
 
     def send(self, request: dict[str, Any]) -> None:
-        """`request`: bridge/bodies.SEND_REQUEST as serde decodes it."""
+        """`request`: protocol/alpha17/messages.SEND_REQUEST as serde decodes it."""
         path, relative, targets = self._send_request(request)
         try:
             source = path.open("rb")
@@ -210,7 +207,7 @@ class JobBridge:
 
     def open_stream(self, request: dict[str, Any]) -> queue.Queue[dict[str, Any] | None] | None:
         """Registers the job's receive stream; None while one is open.
-        `request`: bridge/bodies.RECEIVE_REQUEST as serde decodes it."""
+        `request`: protocol/alpha17/messages.RECEIVE_REQUEST as serde decodes it."""
         resource = request["resource"]
         if resource["type"] != "peers":
             raise invalid_request("receive takes a peers reference")
@@ -244,7 +241,7 @@ class JobBridge:
 
     def send_now(self, request: dict[str, Any]) -> None:
         """The action-era send: every target gets the bytes before the answer; then the file
-        is deleted when `remove_file`. `request`: bridge/bodies.ACTION_SEND_REQUEST."""
+        is deleted when `remove_file`. `request`: protocol/actions/messages.ACTION_SEND_REQUEST."""
         path, relative, targets = self._send_request(request)
         try:
             data = path.read_bytes()
@@ -263,7 +260,7 @@ class JobBridge:
         the deadline, written to `<path>/<peer>`; None when none came (204). `stream_s`: the
         push's bytes take that long to come (a slow link), deadline or not: upstream's bridge
         stops the receive's idle timer once data flows.
-        `request`: bridge/bodies.ACTION_RECEIVE_REQUEST."""
+        `request`: protocol/actions/messages.ACTION_RECEIVE_REQUEST."""
         resource = request["resource"]
         if resource["type"] != "peers":
             raise invalid_request("receive takes a peers reference")

@@ -14,9 +14,19 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import urlsplit
 
-from hypha.accelerate_executor.bridge import bodies
-from hypha.accelerate_executor.bridge.actions import ACTION_REQUEST
 from hypha.accelerate_executor.errors import BridgeRefusal
+from hypha.accelerate_executor.protocol.actions.messages import (
+    ACTION_RECEIVE_REQUEST,
+    ACTION_REQUEST,
+    ACTION_SEND_REQUEST,
+)
+from hypha.accelerate_executor.protocol.alpha17.messages import (
+    BODY_REFERENCE,
+    PROGRESS,
+    RECEIVE_REQUEST,
+    SEND_REQUEST,
+)
+from hypha.accelerate_executor.protocol.messages import wire
 from hypha.standin.console import say
 from hypha.standin.serving import LISTEN_BACKLOG, TracksConnections
 from hypha.standin.worker.axum_body import deserialized, read_json, shaped
@@ -94,19 +104,19 @@ class _Handler(BaseHTTPRequestHandler):
                 self._answer_fault(path, fault, raw)
                 return
             if path == "/resources/fetch":
-                reference = deserialized(bodies.BODY_REFERENCE, raw)
+                reference = deserialized(BODY_REFERENCE, raw)
                 if fault is not None:
                     say(self.bridge.name, f"fault on demand: {path} hands out truncated files")
                 fetched = self.bridge.fetch(reference, truncated=fault is not None)
                 self._reply(200, json.dumps(fetched).encode(), "application/json")
             elif path == "/resources/send" and self.bridge.generation == "actions":
-                self.bridge.send_now(deserialized(bodies.ACTION_SEND_REQUEST, raw))
+                self.bridge.send_now(deserialized(ACTION_SEND_REQUEST, raw))
                 self._reply(200, b"", None)
             elif path == "/resources/send":
-                self.bridge.send(deserialized(bodies.SEND_REQUEST, raw))
+                self.bridge.send(deserialized(SEND_REQUEST, raw))
                 self._reply(200, b"", None)
             elif path == "/resources/receive" and self.bridge.generation == "actions":
-                request = deserialized(bodies.ACTION_RECEIVE_REQUEST, raw)
+                request = deserialized(ACTION_RECEIVE_REQUEST, raw)
                 if fault is not None:
                     say(self.bridge.name, f"fault on demand: {path} writes slowly")
                 received = self.bridge.receive_one(request, fault.seconds if fault else 0.0)
@@ -115,15 +125,15 @@ class _Handler(BaseHTTPRequestHandler):
                 else:
                     self._reply(200, json.dumps(received).encode(), "application/json")
             elif path == "/resources/receive":
-                events = self.bridge.open_stream(deserialized(bodies.RECEIVE_REQUEST, raw))
+                events = self.bridge.open_stream(deserialized(RECEIVE_REQUEST, raw))
                 if fault is not None:
                     say(self.bridge.name, f"fault on demand: {path} ends after one event")
                 self._stream(events, cut=fault is not None)
             elif path == "/action/update":
-                answer = self.bridge.action(bodies.wire(shaped(ACTION_REQUEST, raw)))
+                answer = self.bridge.action(wire(shaped(ACTION_REQUEST, raw)))
                 self._reply(200, json.dumps(answer).encode(), "application/json")
             else:
-                answer = self.bridge.status(shaped(bodies.PROGRESS, raw))
+                answer = self.bridge.status(shaped(PROGRESS, raw))
                 self._reply(200, json.dumps(answer).encode(), "application/json")
         except BridgeRefusal as exc:
             self._reply(exc.status, exc.body, exc.content_type)

@@ -1,5 +1,5 @@
 """The alpha.17 bridge's OpenAPI document, its schemas generated from the executor's
-declarations of the request bodies (bridge/bodies.py) and the job's references: the shapes
+declarations of the request bodies (protocol/) and the job's references: the shapes
 the client writes and the stand-in reads, spelled once."""
 
 from __future__ import annotations
@@ -8,9 +8,13 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from hypha.accelerate_executor.bridge.bodies import PROGRESS, ReceiveRequest, SendRequest
-from hypha.accelerate_executor.bridge.client import ANSWER_NAMES
-from hypha.accelerate_executor.spec.job import Reference
+from hypha.accelerate_executor.protocol.alpha17.job import Reference
+from hypha.accelerate_executor.protocol.alpha17.messages import (
+    ANSWER_NAMES,
+    PROGRESS,
+    ReceiveRequest,
+    SendRequest,
+)
 
 SCHEDULER_ANSWER_SCHEMA: dict[str, Any] = {
     "oneOf": [

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hypha.accelerate_executor.errors import BackendError, CoordinatorError, WorkerError
-from hypha.accelerate_executor.spec.job import Generation
+from hypha.accelerate_executor.protocol.generation import Generation
 from hypha.accelerate_executor.supervisor import (
     Interrupts,
     StopPolicy,

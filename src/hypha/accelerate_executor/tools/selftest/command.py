@@ -209,7 +209,7 @@ def selftest(args: argparse.Namespace) -> int:
 
     import yaml  # type: ignore[import-untyped]  # no stubs in the dev env
 
-    from hypha.accelerate_executor.spec.job import Ambiguous, parse_any_job_bytes
+    from hypha.accelerate_executor.protocol.generation import Ambiguous, parse_any_job_bytes
     from hypha.accelerate_executor.tools.selftest import runs
     from hypha.accelerate_executor.tools.selftest.workload import SelftestSpec
     from hypha.standin.data_service.assets import ensure_assets

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hypha.accelerate_executor.spec.job import AnyJob
+from hypha.accelerate_executor.protocol.generation import AnyJob
 from hypha.accelerate_executor.tools.selftest.workload import ModelSize
 from hypha.standin.coordinator.core import CoordinatorCore
 from hypha.standin.data_service.assets import Assets

@@ -34,7 +34,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel
 
 from hypha.accelerate_executor.errors import SerdeError
-from hypha.accelerate_executor.spec.serde_json import Obj, Value
+from hypha.accelerate_executor.protocol.serde_json import Obj, Value
 
 Path = tuple[str | int, ...]
 

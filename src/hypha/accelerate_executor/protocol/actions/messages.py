@@ -1,5 +1,5 @@
-"""The action protocol's messages (docs/protocol-actions.md): what a train executor reports to
-`POST /action/update`, and the action the scheduler answers with.
+"""The action protocol's messages (docs/protocol-actions.md): the send and receive bodies, what a
+train executor reports to `POST /action/update`, and the action the scheduler answers with.
 
 Upstream's types (crates/messages/src/lib.rs @3058282936, module `action`): a request is
 `{"job_id", "status": {"executor": "train", "details": {"state": ..., fields}}}`, an answer
@@ -22,9 +22,60 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, StrictStr, TypeAdapter, ValidationError
 
-from hypha.accelerate_executor.bridge.bodies import U32, Metrics, Shape, SystemTime, wire
 from hypha.accelerate_executor.errors import SchedulerError
-from hypha.accelerate_executor.spec.job import ActionPeersReference
+from hypha.accelerate_executor.protocol.actions.job import (
+    ACTION_REFERENCE,
+    ActionPeersReference,
+    ActionReference,
+)
+from hypha.accelerate_executor.protocol.messages import (
+    DEFAULT_RECEIVE_DIR,
+    U32,
+    Metrics,
+    Shape,
+    wire,
+)
+from hypha.accelerate_executor.protocol.serde import Default, Integer, Str, Tagged, struct
+
+ACTION_ROUTE = "/action/update"
+
+# The bridge's send and receive (bridge.rs @3058282936): send is synchronous and requires
+# `remove_file`; receive waits for one file until `timeout`, an absolute SystemTime. The
+# reference is read straight from the body: string tags only.
+ACTION_BODY_REFERENCE = Tagged(ACTION_REFERENCE.tag, ACTION_REFERENCE.variants, index_tags=False)
+
+
+class SystemTime(Shape):
+    """serde's SystemTime: since the epoch."""
+
+    secs_since_epoch: Annotated[int, Integer("u64")]
+    nanos_since_epoch: Annotated[int, Integer("u32")]
+
+    @classmethod
+    def at(cls, seconds: float) -> SystemTime:
+        whole = math.floor(seconds)  # the fraction is exact; seconds x 1e9 would not be
+        carry, nanos = divmod(round((seconds - whole) * 1e9), 10**9)
+        return cls(secs_since_epoch=whole + carry, nanos_since_epoch=nanos)
+
+    @property
+    def seconds(self) -> float:
+        return self.secs_since_epoch + self.nanos_since_epoch / 1e9
+
+
+class ActionSendRequest(Shape):
+    resource: Annotated[ActionReference, ACTION_BODY_REFERENCE]
+    path: str
+    remove_file: bool
+
+
+class ActionReceiveRequest(Shape):
+    resource: Annotated[ActionReference, ACTION_BODY_REFERENCE]
+    path: Annotated[str, Default(Str())] = DEFAULT_RECEIVE_DIR
+    timeout: Annotated[SystemTime | None, Default(struct(SystemTime))] = None
+
+
+ACTION_SEND_REQUEST = struct(ActionSendRequest)
+ACTION_RECEIVE_REQUEST = struct(ActionReceiveRequest)
 
 # Statuses: what the executor reports, upstream's TrainStatus variants.
 
