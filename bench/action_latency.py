@@ -13,7 +13,7 @@ the bridge, from the status of the warm-up's last batch to the last one's. The r
 turns (repeat, delay, mode), and each figure is the median of its repeats; the ratios are
 speculative over blocking at the same delay, and auto over the better of the two. A run is
 160 batches by default so that auto, after its warm-up turn and its trial (40 batches,
-training.speculative), runs mostly the way it chose, as a job's thousands of batches do.
+training/actions/speculative.py), runs mostly the way it chose, as a job's thousands of batches do.
 
 The model is the stand-in's demo GPT-2 (0.47M parameters, 64 tokens, batch 8), whose step
 takes about 40-70 ms on one core of this 2-core machine: comparable to the 50 ms delay. The

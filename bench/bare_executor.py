@@ -34,7 +34,6 @@ if __name__ == "__main__" and not __package__:
 import torch
 from safetensors.torch import load_file, save_file
 
-from hypha.accelerate_executor.bridge.client import BridgeClient
 from hypha.accelerate_executor.protocol.alpha17.job import parse_job
 from hypha.accelerate_executor.protocol.alpha17.messages import (
     Continue,
@@ -42,6 +41,7 @@ from hypha.accelerate_executor.protocol.alpha17.messages import (
     ScheduleUpdate,
     batch_status,
 )
+from hypha.accelerate_executor.training.alpha17.bridge import Alpha17Bridge
 from hypha.accelerate_executor.training.modeling import load_model
 from hypha.accelerate_executor.training.optimization import adamw_arguments, build_lr_schedule
 from hypha.accelerate_executor.training.settings import switch
@@ -64,7 +64,7 @@ def main() -> int:
     arguments = parser.parse_args()
     job = parse_job(os.environ["JOB_JSON"])
     config = job.config
-    bridge = BridgeClient(arguments.socket, arguments.work_dir)
+    bridge = Alpha17Bridge(arguments.socket, arguments.work_dir)
     bridge.fetch(config.model.artifact)
     # As the executor decides it: the near-free model ships its own code.
     trusted = switch(os.environ.get("HYPHA_TRUST_REMOTE_CODE") or "off")

@@ -55,7 +55,7 @@ def block(client: BridgeClient, requests: int) -> float:
     """Microseconds per request over `requests` requests."""
     started = time.perf_counter()
     for _ in range(requests):
-        client._post_json(STATUS_ROUTE, BODY, 10.0)
+        client.post_json(STATUS_ROUTE, BODY, 10.0)
     return 1e6 * (time.perf_counter() - started) / requests
 
 

@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hypha.accelerate_executor.bridge.action_client import ActionBridgeClient
 from hypha.accelerate_executor.bridge.retry import DEFAULT_POLICY, BridgeRetriesExhausted
 from hypha.accelerate_executor.protocol.actions.messages import JOINED
+from hypha.accelerate_executor.training.actions.bridge import ActionBridgeClient
 from hypha.standin.backend import Push
 from hypha.standin.worker.bridge_server import BridgeServer
 from hypha.standin.worker.faults import FaultPlan, parse_fault

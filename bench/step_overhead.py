@@ -101,8 +101,8 @@ def executor_steps(steps: int, socket_path: Path, work_dir: Path) -> Callable[[]
     from accelerate import Accelerator
 
     from hypha.accelerate_executor.bridge.client import BridgeClient
-    from hypha.accelerate_executor.bridge.progress import StatusReporter
-    from hypha.accelerate_executor.training.alpha17_loop import TRAIN_ON, scheduler_decision
+    from hypha.accelerate_executor.training.alpha17.loop import TRAIN_ON, scheduler_decision
+    from hypha.accelerate_executor.training.alpha17.status_reporter import StatusReporter
     from hypha.accelerate_executor.training.data import Share, worker_batches
     from hypha.accelerate_executor.training.distributed import Ranks
     from hypha.accelerate_executor.training.steps import MicroBatchedStep, plain_optimizer

@@ -1,7 +1,7 @@
 """Benchmark 3: what one DiLoCo sync round costs a worker, against one `save_file`.
 
 The worker's side of a round is the executor's own `Synchroniser.run`, the very call
-`Trainer.synchronise` makes, over its BridgeClient, a real bridge server on a Unix socket
+`Trainer.synchronise` makes, over its Alpha17Bridge, a real bridge server on a Unix socket
 and the local cluster's coordinator as scheduler and parameter server. Timed, as the
 executor times it: gather, write the pseudo-gradient, send it, report `update`; then
 merge the update, load it into the model, report `update-received`. Not timed: waiting
@@ -35,7 +35,6 @@ from safetensors.torch import save_file
 
 from bench.errors import BenchError
 from bench.models import Shape, parameter_count
-from hypha.accelerate_executor.bridge.client import BridgeClient
 from hypha.accelerate_executor.protocol.alpha17.job import Job, parse_job
 from hypha.accelerate_executor.protocol.alpha17.messages import (
     Continue,
@@ -43,9 +42,10 @@ from hypha.accelerate_executor.protocol.alpha17.messages import (
     batch_status,
     expect,
 )
+from hypha.accelerate_executor.training.alpha17.bridge import Alpha17Bridge
+from hypha.accelerate_executor.training.alpha17.synchroniser import PARTS as SYNC_PARTS
+from hypha.accelerate_executor.training.alpha17.synchroniser import Synchroniser
 from hypha.accelerate_executor.training.distributed import ModelWeights, canonical_names
-from hypha.accelerate_executor.training.sync import PARTS as SYNC_PARTS
-from hypha.accelerate_executor.training.sync import Synchroniser
 from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
 from hypha.standin.data_service.assets import ensure_assets
 from hypha.standin.worker.bridge_server import SOCKET_NAME, BridgeServer
@@ -78,7 +78,7 @@ class WorkerSide:
     """One job's worker end: a model, and the executor's own Synchroniser over a bridge."""
 
     def __init__(
-        self, accelerator: Accelerator, shape: Shape, job: Job, bridge: BridgeClient, dtype: str
+        self, accelerator: Accelerator, shape: Shape, job: Job, bridge: Alpha17Bridge, dtype: str
     ) -> None:
         self.bridge = bridge
         self.model = accelerator.prepare(shape.build())
@@ -171,7 +171,7 @@ def measure(
 ) -> SyncResult:
     """`rounds` timed rounds after one warm-up round; medians of each."""
     with hypha_side(work_dir, rounds + 1) as job:
-        bridge = BridgeClient(work_dir / SOCKET_NAME, work_dir)
+        bridge = Alpha17Bridge(work_dir / SOCKET_NAME, work_dir)
         worker = WorkerSide(accelerator, shape, job, bridge, dtype)
         parts: dict[str, list[float]] = {part: [] for part in PARTS}
         saves, waits, round_trips, size = [], [], [], 0

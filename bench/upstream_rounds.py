@@ -25,7 +25,7 @@ the speculative-off run of the same delay and speeds, measured in the same invoc
 
 A round is 75 steps a worker of batch 8 by default: upstream's default job's 1,200 samples
 between updates, so that `auto` (a warm-up turn and a trial of 40 batches before it keeps a
-way, training.speculative) runs most of the job the way it chose.
+way, training/actions/speculative.py) runs most of the job the way it chose.
 
 Upstream's executor reports less, so three figures are derived for its rows from what its
 training loop does (hypha-space/hypha executors/accelerate/.../training.py, index id

@@ -23,7 +23,7 @@ import pytest
 import torch
 from safetensors.torch import load, save
 
-from hypha.accelerate_executor.bridge.action_client import ActionBridgeClient, probe_generation
+from hypha.accelerate_executor.bridge.client import probe_generation
 from hypha.accelerate_executor.errors import BridgeError
 from hypha.accelerate_executor.protocol.actions.messages import (
     Action,
@@ -39,6 +39,7 @@ from hypha.accelerate_executor.protocol.actions.messages import (
     sent_update,
 )
 from hypha.accelerate_executor.protocol.messages import wire
+from hypha.accelerate_executor.training.actions.bridge import ActionBridgeClient
 from hypha.accelerate_executor.training.diloco import GlobalWeights
 from hypha.standin.backend import Push
 from hypha.standin.coordinator.core import InProcessBackend
@@ -214,9 +215,9 @@ def test_the_probe_and_the_action_era_routes(assets_dir: Path, short_tmp: Path) 
         opened.join(30)
         assert first[0] is not None and first[0].path.read_bytes() == b"the next"
         with pytest.raises(BridgeError, match="422"):
-            client._post_json("/resources/send", {"resource": wire(target), "path": "x"}, 5)
+            client.post_json("/resources/send", {"resource": wire(target), "path": "x"}, 5)
         with pytest.raises(BridgeError, match="404"):
-            client._post_json("/status/send", "update", 5)
+            client.post_json("/status/send", "update", 5)
     lenient = action_bridge(assets_dir, short_tmp / "kind", script, strict_receive=False)
     with lenient as (job_json, bridge, backend):
         # Not strict: the push waits for the next receive.

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from hypha.accelerate_executor.bridge import client as bridge
-from hypha.accelerate_executor.bridge.client import BridgeClient
 from hypha.accelerate_executor.bridge.retry import RetryPolicy
 from hypha.accelerate_executor.errors import BridgeError, BridgeGoneError, UnsafePathError
 from hypha.accelerate_executor.protocol.alpha17.job import PeersReference
@@ -25,6 +24,7 @@ from hypha.accelerate_executor.protocol.alpha17.messages import (
     round_metrics,
 )
 from hypha.accelerate_executor.protocol.job import SchedulerReference
+from hypha.accelerate_executor.training.alpha17.bridge import Alpha17Bridge
 from unix_http import QuietHandler, serving
 
 PS_PEER = "12D3KooWJ6MBkbH3o7j2yhhDAF7gRxA4Zm5cpuEUr2Znp1VvNBw3"
@@ -101,7 +101,7 @@ def kept_alive_bridge(
 
 def test_requests_share_one_kept_alive_connection(kept_alive_bridge, tmp_path: Path) -> None:
     socket_path, seen = kept_alive_bridge(False)
-    client = BridgeClient(socket_path, tmp_path)
+    client = Alpha17Bridge(socket_path, tmp_path)
     answers = [client.status(batch_status(8)) for _ in range(5)]
     assert answers == [Continue()] * 5
     assert (seen.connections, seen.requests) == (1, 5)
@@ -111,7 +111,7 @@ def test_a_connection_the_bridge_closed_is_replaced_and_nothing_is_sent_twice(
     kept_alive_bridge, tmp_path: Path
 ) -> None:
     socket_path, seen = kept_alive_bridge(True)
-    client = BridgeClient(socket_path, tmp_path)
+    client = Alpha17Bridge(socket_path, tmp_path)
     for sent in range(1, 6):
         assert client.status(batch_status(8)) == Continue()
         assert seen.requests == sent
@@ -124,7 +124,7 @@ def test_a_connection_idle_for_long_is_not_reused(
 ) -> None:
     socket_path, seen = kept_alive_bridge(False)
     monkeypatch.setattr(bridge, "REUSE_IDLE_S", 0.1)
-    client = BridgeClient(socket_path, tmp_path)
+    client = Alpha17Bridge(socket_path, tmp_path)
     client.status(batch_status(8))
     client.status(batch_status(8))
     time.sleep(0.3)
@@ -145,7 +145,7 @@ def test_fetch_refuses_paths_outside_the_work_dir(
     (tmp_path / "escape").symlink_to("/etc")
     socket_path = scripted_bridge(lambda route, body: json_reply([{"path": hostile, "size": 1}]))
     with pytest.raises(UnsafePathError, match="refused path"):
-        BridgeClient(socket_path, tmp_path).fetch(SLICE)
+        Alpha17Bridge(socket_path, tmp_path).fetch(SLICE)
 
 
 def test_fetch_returns_checked_absolute_paths(scripted_bridge, tmp_path: Path) -> None:
@@ -155,7 +155,7 @@ def test_fetch_returns_checked_absolute_paths(scripted_bridge, tmp_path: Path) -
         seen.append(json.loads(body))
         return json_reply([{"path": "artifacts/17", "size": 3}])
 
-    files = BridgeClient(scripted_bridge(answer), tmp_path).fetch(SLICE)
+    files = Alpha17Bridge(scripted_bridge(answer), tmp_path).fetch(SLICE)
     assert files[0].path == tmp_path.resolve() / "artifacts" / "17" and files[0].size == 3
     assert seen == [
         {"type": "scheduler", "peer": "12D3KooWsched", "dataset": "d"}
@@ -169,7 +169,7 @@ def test_bridge_json_error_becomes_a_specific_exception(scripted_bridge, tmp_pat
         )
     )
     with pytest.raises(BridgeError) as failed:
-        BridgeClient(socket_path, tmp_path).send(PEERS, "x")
+        Alpha17Bridge(socket_path, tmp_path).send(PEERS, "x")
     assert failed.value.status == 500 and failed.value.error == "network_error"
     assert "peer unreachable" in str(failed.value) and "\n" not in str(failed.value)
 
@@ -179,18 +179,18 @@ def test_plain_text_rejection_is_reported(scripted_bridge, tmp_path: Path) -> No
         lambda route, body: (422, "text/plain", b"batch_size: invalid type")
     )
     with pytest.raises(BridgeError, match="422 http_error: batch_size: invalid type"):
-        BridgeClient(socket_path, tmp_path).status(batch_status(8))
+        Alpha17Bridge(socket_path, tmp_path).status(batch_status(8))
 
 
 def test_nan_is_never_sent(scripted_bridge, tmp_path: Path) -> None:
     socket_path = scripted_bridge(lambda route, body: json_reply({"type": "Ok"}))
     with pytest.raises(ValueError):
-        BridgeClient(socket_path, tmp_path).status(round_metrics(1, {"loss": float("nan")}))
+        Alpha17Bridge(socket_path, tmp_path).status(round_metrics(1, {"loss": float("nan")}))
 
 
 def test_missing_socket_is_bridge_gone(tmp_path: Path) -> None:
     with pytest.raises(BridgeGoneError, match="does not exist"):
-        BridgeClient(tmp_path / "nothing.sock", tmp_path).status("update")
+        Alpha17Bridge(tmp_path / "nothing.sock", tmp_path).status("update")
 
 
 def test_receive_parses_events_and_ignores_other_lines(scripted_bridge, tmp_path: Path) -> None:
@@ -202,7 +202,7 @@ def test_receive_parses_events_and_ignores_other_lines(scripted_bridge, tmp_path
         b'data: {"path": "incoming/12D3KooWother",\ndata:  "size": 5, "from_peer": "12D3KooWother"}\n\n'
     )
     socket_path = scripted_bridge(lambda route, body: (200, "text/event-stream", stream))
-    events = BridgeClient(socket_path, tmp_path).receive(PEERS)
+    events = Alpha17Bridge(socket_path, tmp_path).receive(PEERS)
     first, second = next(events), next(events)
     assert (first.path.name, first.size, first.from_peer) == ("12D3KooWps", 4, "12D3KooWps")
     assert (second.path.name, second.from_peer) == ("12D3KooWother", "12D3KooWother")
@@ -234,8 +234,11 @@ def test_a_standing_receive_is_on_the_bridges_socket_before_it_returns(tmp_path:
     loaded machine). The bridge here accepts but never answers; checked without waiting."""
     import socket
 
-    from hypha.accelerate_executor.bridge.action_client import ActionBridgeClient, StandingReceive
     from hypha.accelerate_executor.protocol.actions.job import ActionPeersReference
+    from hypha.accelerate_executor.training.actions.bridge import (
+        ActionBridgeClient,
+        StandingReceive,
+    )
 
     path = tmp_path / "bridge.sock"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -11,9 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hypha.accelerate_executor.bridge.action_client import ActionBridgeClient
 from hypha.accelerate_executor.bridge.client import BridgeClient
-from hypha.accelerate_executor.bridge.progress import StatusReporter
 from hypha.accelerate_executor.bridge.retry import (
     BridgeRetriesExhausted,
     RetryPolicy,
@@ -25,6 +23,9 @@ from hypha.accelerate_executor.protocol.actions.messages import Terminate, batch
 from hypha.accelerate_executor.protocol.alpha17.job import PeersReference
 from hypha.accelerate_executor.protocol.alpha17.messages import Continue, batch_status
 from hypha.accelerate_executor.protocol.job import SchedulerReference
+from hypha.accelerate_executor.training.actions.bridge import ActionBridgeClient
+from hypha.accelerate_executor.training.alpha17.bridge import Alpha17Bridge
+from hypha.accelerate_executor.training.alpha17.status_reporter import StatusReporter
 from unix_http import QuietHandler, serving
 
 QUICK = RetryPolicy(first_pause_s=0.01, max_pause_s=0.05, total_s=0.5)
@@ -95,10 +96,12 @@ def client_of(socket_path: Path, work_dir: Path) -> ActionBridgeClient:
 def test_each_route_survives_a_5xx_once(flaky, tmp_path: Path, kind: str) -> None:
     script = Flaky(1, error(500, kind), ok)
     client = client_of(flaky(script), tmp_path)
+    alpha17 = Alpha17Bridge(client.socket_path, tmp_path)  # the other generation's routes
+    alpha17.retry_policy = QUICK
     (tmp_path / "update.safetensors").write_bytes(b"x")
     assert [f.size for f in client.fetch(SLICE)] == [1]
-    assert client.status(batch_status(8)) == Continue()
-    client.send(PEERS, "update.safetensors")
+    assert alpha17.status(batch_status(8)) == Continue()
+    alpha17.send(PEERS, "update.safetensors")
     client.send_file(ACTION_PEERS, "update.safetensors", remove_file=True)
     assert client.update(batch_completed(8, 1)) == Terminate()
     # Each route tried twice, and the second try is the first's request unchanged.

@@ -57,7 +57,8 @@ def train(
 ) -> tuple[list[float], list[float], list[dict[str, tuple[list[int], str]]], Any]:
     """The job's round losses, its step losses before the first update was applied, each
     pseudo-gradient's header as sent, and the trainer."""
-    from hypha.accelerate_executor.training.alpha17_loop import Trainer
+    from hypha.accelerate_executor.training.alpha17.loop import Trainer
+    from hypha.accelerate_executor.training.settings import RunSettings
 
     sent: list[dict[str, tuple[list[int], str]]] = []
     first_round: list[float] = []
@@ -84,10 +85,8 @@ def train(
         job = json.loads(client.request_job("w1"))
         work_dir.mkdir()
         with BridgeServer(work_dir, client.backend(job["job_id"])) as bridge:
-            trainer = Trainer(
-                parse_job(json.dumps(job)), bridge.socket_path, work_dir, "float32", 3,
-                compile=compile,
-            )  # fmt: skip
+            run = RunSettings(bridge.socket_path, work_dir, "float32", 3, compile=compile)
+            trainer = Trainer(parse_job(json.dumps(job)), run)
             # Without dropout both runs compute the same function: inductor draws dropout
             # masks with its own RNG, and how much of the global one a cold compile consumes
             # varies, so with dropout the losses were two different draws (2 % apart, seen).

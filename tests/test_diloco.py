@@ -62,7 +62,7 @@ def test_round_trip_sends_delta_and_merges_in_place(tmp_path: Path) -> None:
     save_file({name: tensor * 0.5 for name, tensor in delta.items()}, update)
     embedding = accelerator.unwrap_model(model).transformer.wte.weight
     state_before = optimizer.state[embedding]["exp_avg"].clone()
-    assert global_weights.merge_update(update) == len(delta)
+    assert global_weights.merge_update(update).held == len(delta)
     weights.load(global_weights.tensors)
 
     module = accelerator.unwrap_model(model)
@@ -135,7 +135,7 @@ def test_streamed_merge_reads_what_safetensors_writes(tmp_path: Path) -> None:
     update["vector"] = update["vector"].to(torch.bfloat16)  # dtypes may differ per tensor
     del update["scalar"]  # the parameter server may leave tensors out
     save_file(update, tmp_path / "update", metadata={"format": "pt"})
-    assert global_weights.merge_update(tmp_path / "update") == 3
+    assert global_weights.merge_update(tmp_path / "update").held == 3
     for name, tensor in start.items():
         expected = tensor if name == "scalar" else tensor + 0.25
         torch.testing.assert_close(global_weights.tensors[name], expected)
@@ -207,7 +207,7 @@ def test_a_batch_norm_model_comes_out_of_a_round_in_the_dtypes_it_went_in(tmp_pa
     received = load_file(tmp_path / "u.safetensors")
     assert received["1.num_batches_tracked"].dtype == torch.int64
     assert received["1.num_batches_tracked"].item() == 0
-    assert global_weights.merge_update(tmp_path / "u.safetensors") == len(dtypes) - 1
+    assert global_weights.merge_update(tmp_path / "u.safetensors").held == len(dtypes) - 1
     model.load_state_dict(global_weights.tensors)
     assert {name: t.dtype for name, t in model.state_dict().items()} == dtypes
     assert torch.equal(model.get_buffer("keep"), started["keep"])

@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from hypha.accelerate_executor.bridge.action_client import ActionBridgeClient
 from hypha.accelerate_executor.errors import UsageError
 from hypha.accelerate_executor.protocol.actions.messages import (
     ApplyUpdate,
@@ -22,6 +21,7 @@ from hypha.accelerate_executor.protocol.actions.messages import (
     SendUpdate,
     Terminate,
 )
+from hypha.accelerate_executor.training.actions.bridge import ActionBridgeClient
 from hypha.standin.coordinator.server import RunOptions
 from hypha.standin.demo import run_demo
 from hypha.standin.scheduler.action_scheduler import peers

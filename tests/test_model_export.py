@@ -56,7 +56,7 @@ def test_the_folder_is_save_pretrained_of_the_global_weights_with_the_tokenizer(
 
 def test_a_model_dir_the_executor_cannot_make_is_refused_before_training(tmp_path: Path) -> None:
     from hypha.accelerate_executor.errors import UsageError
-    from hypha.accelerate_executor.training.alpha17_loop import parse_arguments
+    from hypha.accelerate_executor.training.main import parse_arguments
 
     a_file = tmp_path / "a-file"
     a_file.write_text("")

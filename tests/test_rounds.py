@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from hypha.accelerate_executor.bridge.client import BridgeClient
-from hypha.accelerate_executor.bridge.progress import StatusAnswer, StatusReporter
 from hypha.accelerate_executor.errors import BridgeError, SchedulerError
 from hypha.accelerate_executor.protocol.alpha17.messages import (
     Continue,
@@ -26,7 +25,8 @@ from hypha.accelerate_executor.protocol.alpha17.messages import (
     parse_answer,
 )
 from hypha.accelerate_executor.protocol.job import LinearWithWarmup, WarmupStableDecay
-from hypha.accelerate_executor.training.alpha17_loop import TRAIN_ON, Decision, scheduler_decision
+from hypha.accelerate_executor.training.alpha17.loop import TRAIN_ON, Decision, scheduler_decision
+from hypha.accelerate_executor.training.alpha17.status_reporter import StatusAnswer, StatusReporter
 from hypha.accelerate_executor.training.optimization import build_lr_schedule
 from unix_http import QuietHandler, serving
 

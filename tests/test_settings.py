@@ -71,7 +71,7 @@ def test_an_unknown_value_is_refused_before_the_bridge(variable: str, short_tmp:
 
 
 def test_a_flag_overrides_its_variable_and_is_checked_too(short_tmp: Path) -> None:
-    from hypha.accelerate_executor.training.alpha17_loop import parse_arguments
+    from hypha.accelerate_executor.training.main import parse_arguments
 
     base = ["--socket", "s", "--work-dir", str(short_tmp), "--job", "{}"]
     os.environ["HYPHA_PSEUDO_GRADIENT_DTYPE"] = "bfloat16"

@@ -293,8 +293,8 @@ def test_a_dropped_gradient_leaves_weights_statistics_and_draws_as_they_were() -
     ahead and dropping twice, then using, ends where plain steps end, bit for bit."""
     from accelerate import Accelerator
 
+    from hypha.accelerate_executor.training.actions.speculative import SpeculativeStep
     from hypha.accelerate_executor.training.distributed import Ranks
-    from hypha.accelerate_executor.training.speculative import SpeculativeStep
     from hypha.accelerate_executor.training.steps import MicroBatchedStep
 
     generator = torch.Generator().manual_seed(1)
@@ -351,7 +351,7 @@ def test_the_setting_is_auto_on_or_off() -> None:
 
 def test_auto_keeps_the_way_measured_faster_and_tries_again() -> None:
     """AutoSpeculation's schedule and decision, fed the figures of cycles."""
-    from hypha.accelerate_executor.training.speculative import (
+    from hypha.accelerate_executor.training.actions.speculative import (
         HOLD_TURNS,
         TRIAL,
         TURN_CYCLES,

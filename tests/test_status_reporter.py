@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 
 from hypha.accelerate_executor.bridge import client as bridge_client
-from hypha.accelerate_executor.bridge import progress
 from hypha.accelerate_executor.bridge.client import BridgeClient
-from hypha.accelerate_executor.bridge.progress import StatusReporter
 from hypha.accelerate_executor.bridge.retry import RetryPolicy
 from hypha.accelerate_executor.errors import BridgeError, BridgeGoneError
 from hypha.accelerate_executor.protocol.alpha17.messages import Continue, ScheduleUpdate
+from hypha.accelerate_executor.training.alpha17 import status_reporter
+from hypha.accelerate_executor.training.alpha17.status_reporter import StatusReporter
 from unix_http import serving
 
 CONTINUE = b'{"type": "Continue"}'
@@ -160,7 +160,7 @@ def test_a_bridge_that_hangs_up_in_mid_answer(raw_bridge) -> None:
 
 
 def test_a_bridge_that_never_answers(raw_bridge, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(progress, "REQUEST_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(status_reporter, "REQUEST_TIMEOUT_S", 0.5)
     reporter = reporter_for(raw_bridge(lambda connection, request: time.sleep(30) or True))
     reporter.batch_done(1, 8)
     started = time.monotonic()

@@ -46,7 +46,8 @@ def test_every_task_that_trains_has_a_case() -> None:
 
 def train(case: TaskCase, root: Path, socket_dir: Path) -> list[float]:
     """Trains the case's job through the stand-in; the loss of every round."""
-    from hypha.accelerate_executor.training.alpha17_loop import Trainer
+    from hypha.accelerate_executor.training.alpha17.loop import Trainer
+    from hypha.accelerate_executor.training.settings import RunSettings
 
     with Coordinator(case.write_catalog(root), replace(OPTIONS)) as coordinator:
         client = CoordinatorClient(coordinator.url)
@@ -58,7 +59,8 @@ def train(case: TaskCase, root: Path, socket_dir: Path) -> list[float]:
             job_spec = parse_job(json.dumps(job))
             # HYPHA_COMPILE=on runs the matrix compiled (slow on a CPU: not in the default run).
             compile = os.environ.get("HYPHA_COMPILE") or "off"
-            Trainer(job_spec, bridge.socket_path, work_dir, "float32", compile=compile).run()
+            run = RunSettings(bridge.socket_path, work_dir, "float32", compile=compile)
+            Trainer(job_spec, run).run()
         metrics = coordinator.summary()["workers"]["w1"]["metrics"]
     return [round_metrics["loss"] for _, round_metrics in sorted(metrics.items())]
 

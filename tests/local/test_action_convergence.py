@@ -25,7 +25,7 @@ from hypha.accelerate_executor.protocol.actions.messages import (
     Terminate,
     sent_update,
 )
-from hypha.accelerate_executor.training.action_loop import (
+from hypha.accelerate_executor.training.actions.loop import (
     MIN_LOOP_S,
     status_after_batches,
     zero_batches_wait,

@@ -11,7 +11,6 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from hypha.accelerate_executor.bridge.action_client import ActionBridgeClient
 from hypha.accelerate_executor.protocol.actions.messages import (
     APPLIED_UPDATE,
     IDLE,
@@ -27,6 +26,7 @@ from hypha.accelerate_executor.protocol.actions.messages import (
     batch_completed,
     sent_update,
 )
+from hypha.accelerate_executor.training.actions.bridge import ActionBridgeClient
 from hypha.standin.parameter_server.server import NesterovOuterOptimizer
 from hypha.standin.scheduler.action_scheduler import ActionScheduler, peers
 

@@ -36,6 +36,6 @@ if "EXECUTOR_TEST_SEED" in os.environ:
     torch.manual_seed(int(os.environ["EXECUTOR_TEST_SEED"]))
 
 from hypha.accelerate_executor.entry import exit_without_teardown  # noqa: E402
-from hypha.accelerate_executor.training.alpha17_loop import main  # noqa: E402
+from hypha.accelerate_executor.training.main import main  # noqa: E402
 
 exit_without_teardown(main())  # as `python -m hypha.accelerate_executor.training` leaves

@@ -1,8 +1,10 @@
-"""Client of the worker's Job Bridge: HTTP/1.1 over the Unix socket in WORK_DIR.
+"""Client of the worker's Job Bridge, the transport both generations share: HTTP/1.1 over the
+Unix socket in WORK_DIR, kept-alive connections, JSON requests tried again on a transient
+failure, the fetch of artifacts, and the probe that asks which generation the bridge serves.
+Each generation's routes are its training folder's (training/alpha17/bridge.py,
+training/actions/bridge.py).
 
-Every path the bridge hands back is checked against the work dir before it is used, and
-every scheduler answer is parsed here, once, into one of the typed values below.
-A bridge that cannot be reached, or that closes the update stream, raises
+Every path the bridge hands back is checked against the work dir before it is used. A bridge that cannot be reached, or that closes the update stream, raises
 BridgeGoneError: the executor's cue to exit, since the worker has stopped the job. Every
 request is tried again on a transient failure first, within a bound (bridge/retry.py).
 """
@@ -25,23 +27,21 @@ from hypha.accelerate_executor.bridge.http_wire import connect_unix
 from hypha.accelerate_executor.bridge.paths import resolve_in_work_dir
 from hypha.accelerate_executor.bridge.retry import DEFAULT_POLICY, retrying
 from hypha.accelerate_executor.errors import BridgeError, BridgeGoneError
-from hypha.accelerate_executor.protocol.alpha17.job import PeersReference, Reference
-from hypha.accelerate_executor.protocol.alpha17.messages import (
-    PROGRESS,
-    STATUS_ROUTE,
-    Progress,
-    ReceiveRequest,
-    SchedulerAnswer,
-    SendRequest,
-    parse_answer,
+from hypha.accelerate_executor.protocol.actions.job import ActionReference
+from hypha.accelerate_executor.protocol.alpha17.job import Reference
+from hypha.accelerate_executor.protocol.generation import (
+    PROBE_BODY,
+    PROBE_ROUTE,
+    Generation,
+    generation_answering,
 )
 from hypha.accelerate_executor.protocol.messages import wire
 
-# The bridge writes `: keepalive` every 5 s; three missed in a row means it is gone.
-STREAM_SILENCE_LIMIT_S = 15.0
 REQUEST_TIMEOUT_S = 60.0
 # A fetch downloads model weights: allow it time, but never forever.
 FETCH_TIMEOUT_S = 3600.0
+# The probe's whole budget: a bridge that does not answer it in this long answers nothing.
+PROBE_TIMEOUT_S = 10.0
 # A connection idle for longer is not reused (see BridgeClient._acquire); well under any
 # server's idle timeout, well over a training step.
 REUSE_IDLE_S = 2.0
@@ -62,7 +62,7 @@ class ReceivedFile(BridgeFile):
     from_peer: str
 
 
-class _UnixHTTPConnection(http.client.HTTPConnection):
+class UnixHTTPConnection(http.client.HTTPConnection):
     def __init__(self, socket_path: Path, timeout: float) -> None:
         super().__init__("hypha", timeout=timeout)
         self._socket_path = socket_path
@@ -118,85 +118,43 @@ def raise_for(route: str, status: int, data: bytes) -> NoReturn:
     raise BridgeError(route, status, error, " ".join(detail.split()))
 
 
+def probe_generation(socket_path: Path) -> Generation | None:
+    """Which generation the bridge serves, asked without side effects (protocol/generation.py);
+    None when the answer names neither, or the bridge cannot be reached."""
+    connection = UnixHTTPConnection(socket_path, PROBE_TIMEOUT_S)
+    try:
+        connection.request(
+            "POST", PROBE_ROUTE, body=PROBE_BODY, headers={"Content-Type": "application/json"}
+        )
+        response = connection.getresponse()
+        response.read()
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        connection.close()
+    return generation_answering(response.status)
+
+
 class BridgeClient:
     def __init__(self, socket_path: Path, work_dir: Path) -> None:
         self.socket_path = socket_path
         self.work_dir = work_dir
-        self._idle: list[tuple[_UnixHTTPConnection, float]] = []  # with when it went idle
+        self._idle: list[tuple[UnixHTTPConnection, float]] = []  # with when it went idle
         self._idle_lock = threading.Lock()
         self.retry_policy = DEFAULT_POLICY
 
-    def fetch(self, reference: Reference) -> list[BridgeFile]:
+    def fetch(self, reference: Reference | ActionReference) -> list[BridgeFile]:
         """Asks the bridge to place the referenced files under artifacts/; returns them."""
-        answer = self._post_json("/resources/fetch", wire(reference), FETCH_TIMEOUT_S)
+        answer = self.post_json("/resources/fetch", wire(reference), FETCH_TIMEOUT_S)
         if not isinstance(answer, list):
             raise BridgeError("/resources/fetch", 200, "bad_answer", "expected a list of files")
         return [self._file(entry) for entry in answer]
-
-    def send(self, reference: PeersReference, relative_path: str) -> None:
-        """Hands a file to the bridge for the peers. It is sent after this returns:
-        the caller must not touch the file again."""
-        body = SendRequest(resource=reference, path=relative_path)
-        self._post_json("/resources/send", wire(body), REQUEST_TIMEOUT_S)
-
-    def status(self, progress: Progress) -> SchedulerAnswer:
-        """Sends a Progress message; returns the scheduler's answer. (The statuses of the
-        batches go out through progress.StatusReporter, which does not wait for answers.)"""
-        body = PROGRESS.dump_python(progress)
-        return parse_answer(self._post_json(STATUS_ROUTE, body, REQUEST_TIMEOUT_S))
-
-    def receive(
-        self, reference: PeersReference, relative_dir: str = "incoming"
-    ) -> Iterator[ReceivedFile]:
-        """Opens the job's one receive stream now; the iterator yields each file a peer pushes.
-
-        The stream is meant to stay open for the whole job: it ending, or falling silent
-        for longer than the keepalive period allows, raises BridgeGoneError.
-        """
-        route = "/resources/receive"
-        body = json_body(wire(ReceiveRequest(resource=reference, path=relative_dir)))
-
-        def attempt() -> tuple[_UnixHTTPConnection, http.client.HTTPResponse]:
-            connection = _UnixHTTPConnection(self.socket_path, STREAM_SILENCE_LIMIT_S)
-            try:
-                with reaching(self.socket_path, route, STREAM_SILENCE_LIMIT_S):
-                    response = self._exchange(connection, route, body)
-                    if response.status != 200:
-                        raise_for(route, response.status, response.read())
-            except BaseException:
-                connection.close()
-                raise
-            return connection, response
-
-        return self._events(*retrying(route, attempt, self.retry_policy))
-
-    def _events(
-        self, connection: _UnixHTTPConnection, response: http.client.HTTPResponse
-    ) -> Iterator[ReceivedFile]:
-        try:
-            with reaching(
-                self.socket_path, "the update stream", STREAM_SILENCE_LIMIT_S, streaming=True
-            ):
-                data_lines: list[str] = []
-                while True:
-                    raw = response.readline()
-                    if not raw:
-                        raise BridgeGoneError("the bridge closed the update stream")
-                    line = raw.decode("utf-8").rstrip("\r\n")
-                    if line.startswith("data:"):
-                        data_lines.append(line[5:].removeprefix(" "))
-                    elif not line and data_lines:
-                        yield self._received(json.loads("\n".join(data_lines)))
-                        data_lines = []
-                    # Comments (`: keepalive`) and other SSE fields carry nothing for us.
-        finally:
-            connection.close()
 
     def _file(self, entry: Any) -> BridgeFile:
         path, size = self._checked_entry(entry)
         return BridgeFile(path, size)
 
-    def _received(self, entry: Any) -> ReceivedFile:
+    def received_file(self, entry: Any) -> ReceivedFile:
         path, size = self._checked_entry(entry)
         return ReceivedFile(path, size, str(entry.get("from_peer", "")))
 
@@ -205,7 +163,7 @@ class BridgeClient:
             raise BridgeError("bridge", 200, "bad_answer", f"not a file entry: {entry!r}")
         return resolve_in_work_dir(self.work_dir, entry["path"]), int(entry.get("size", 0))
 
-    def _post_json(
+    def post_json(
         self,
         route: str,
         payload: Any,
@@ -218,7 +176,7 @@ class BridgeClient:
 
         def attempt() -> tuple[int, bytes]:
             with reaching(self.socket_path, route, timeout):
-                status, data = self._round_trip(route, body, timeout)
+                status, data = self.round_trip(route, body, timeout)
             if status != 200:
                 raise_for(route, status, data)
             return status, data
@@ -226,7 +184,7 @@ class BridgeClient:
         _, data = retrying(route, attempt, self.retry_policy, may_retry=may_retry)
         return json.loads(data) if data.strip() else None
 
-    def _round_trip(
+    def round_trip(
         self,
         route: str,
         body: bytes,
@@ -253,7 +211,7 @@ class BridgeClient:
                 # once, on a new connection. Never after the request went out: a `send` or a
                 # `status` the bridge may have acted on must not reach it twice.
                 connection.close()
-                connection = _UnixHTTPConnection(self.socket_path, timeout)
+                connection = UnixHTTPConnection(self.socket_path, timeout)
                 connection.request("POST", route, body=body, headers=headers)
             if sent is not None:
                 sent.set()
@@ -270,7 +228,7 @@ class BridgeClient:
                 self._idle.append((connection, time.monotonic()))
         return response.status, data
 
-    def _acquire(self, timeout: float) -> tuple[_UnixHTTPConnection, bool]:
+    def _acquire(self, timeout: float) -> tuple[UnixHTTPConnection, bool]:
         """A recently used connection the bridge has not closed, or a new one; and which it is.
 
         Only recent ones: a server closes connections that have been idle for a while, and
@@ -280,7 +238,7 @@ class BridgeClient:
             with self._idle_lock:
                 connection, idle_since = self._idle.pop() if self._idle else (None, 0.0)
             if connection is None:
-                return _UnixHTTPConnection(self.socket_path, timeout), False
+                return UnixHTTPConnection(self.socket_path, timeout), False
             recent = time.monotonic() - idle_since < REUSE_IDLE_S
             if (
                 recent
@@ -292,8 +250,8 @@ class BridgeClient:
             connection.close()
 
     @staticmethod
-    def _exchange(
-        connection: _UnixHTTPConnection, route: str, body: bytes
+    def exchange(
+        connection: UnixHTTPConnection, route: str, body: bytes
     ) -> http.client.HTTPResponse:
         connection.request("POST", route, body=body, headers={"Content-Type": "application/json"})
         return connection.getresponse()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from dataclasses import dataclass
 from io import FileIO
 from pathlib import Path
 
@@ -82,8 +83,11 @@ class GlobalWeights:
                     _write_all(file, delta)
         return len(header) + sum(entry.nbytes for entry in entries)
 
-    def merge_update(self, path: Path) -> int:
-        """theta_global += u for every tensor the update holds; returns how many it held."""
+    def merge_update(self, path: Path, keep: bool = False) -> Merged:
+        """theta_global += u for every tensor the update holds. With `keep`, u is also
+        returned whole (read once: the model-sized update is then held, not streamed), for
+        the local weights to move by it too (`moved_by`)."""
+        kept: dict[str, torch.Tensor] = {}
         with open(path, "rb", buffering=0) as file:
             entries = read_layout(file, os.fstat(file.fileno()).st_size)
             unknown = sorted(entry.name for entry in entries if entry.name not in self.tensors)
@@ -99,19 +103,19 @@ class GlobalWeights:
                     )
             for entry in sorted(entries, key=lambda entry: entry.offset):
                 theta_global = self.tensors[entry.name].view(-1)
-                kept = theta_global.dtype
                 file.seek(entry.offset)
+                if keep:
+                    whole = torch.empty(entry.numel, dtype=entry.dtype)
+                    _read_exactly(file, whole, path)
+                    add_update(theta_global, whole)
+                    kept[entry.name] = whole.view(entry.shape)
+                    continue
                 for start in range(0, entry.numel, CHUNK):
                     stop = min(start + CHUNK, entry.numel)
                     update = self._chunk(entry.dtype, stop - start)
                     _read_exactly(file, update, path)
-                    if kept == torch.bool:
-                        theta_global[start:stop] ^= update.to(torch.bool)
-                    elif kept.is_floating_point:
-                        theta_global[start:stop] += update
-                    else:  # what loading a floating update into an integer tensor would do
-                        theta_global[start:stop] += update.to(kept)
-        return len(entries)
+                    add_update(theta_global[start:stop], update)
+        return Merged(len(entries), kept)
 
     def replace_from(self, path: Path) -> int:
         """theta_global = the model file at `path` (a late joiner's start: a peer's
@@ -162,6 +166,43 @@ class GlobalWeights:
         if dtype not in self._chunks:
             self._chunks[dtype] = torch.empty(CHUNK, dtype=dtype)
         return self._chunks[dtype][:elements]
+
+
+@dataclass(frozen=True)
+class Merged:
+    """What merge_update did: how many tensors the update held, and the update itself when
+    it was asked to keep it."""
+
+    held: int
+    update: dict[str, torch.Tensor]
+
+
+def add_update(into: torch.Tensor, update: torch.Tensor) -> None:
+    """into += update, the way an update moves a tensor of into's dtype: a boolean flips where
+    the update is set (it was sent as XOR), a floating tensor adds it (computed in the wider
+    of the two dtypes, rounded once), an integer adds it cast to its own dtype (what loading
+    a floating update into an integer tensor would do)."""
+    if into.dtype == torch.bool:
+        into ^= update.to(torch.bool)
+    elif into.is_floating_point():
+        into += update
+    else:
+        into += update.to(into.dtype)
+
+
+def moved_by(
+    local: dict[str, torch.Tensor], update: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """theta_local + u on the host, for every tensor of `local` (those u lacks unchanged):
+    the local weights of a worker whose training went on past its last send keep that drift
+    on top of the round's aggregate."""
+    moved = {}
+    for name, tensor in local.items():
+        here = tensor.detach().to("cpu", copy=True)
+        if (delta := update.get(name)) is not None:
+            add_update(here, delta)
+        moved[name] = here
+    return moved
 
 
 def _kept_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -5,7 +5,8 @@ ends the job in one line that names the setting and what it accepts, with exit 2
 (`UsageError`). A flag overrides its variable; an empty variable is an unset one.
 
 To add a setting, add a row to SETTINGS (and to docs/configuration.md); `parse_arguments`
-in alpha17_loop turns each row into its flag and an attribute of the parsed arguments.
+in main.py turns each row into its flag and an attribute of the parsed arguments, and
+RunSettings is what a loop is given of them.
 
 Torch-free at import, like the rest of the entry's refusals.
 """
@@ -21,7 +22,7 @@ from typing import Any
 
 from hypha.accelerate_executor.errors import UsageError
 from hypha.accelerate_executor.protocol.generation import GENERATIONS
-from hypha.accelerate_executor.training.speculative import (
+from hypha.accelerate_executor.training.actions.speculative import (
     SPECULATIVE_STEP_CHOICES,
     SPECULATIVE_STEP_ENV,
 )
@@ -83,7 +84,7 @@ def micro_batch_size(value: str) -> int | None:
 
 
 def pseudo_gradient_dtype(value: str) -> str | None:
-    """float32 or bfloat16; None (unset) leaves it to the bridge generation (alpha17_loop)."""
+    """float32 or bfloat16; None (unset) leaves it to the bridge generation (main.py)."""
     return choice(*PSEUDO_GRADIENT_DTYPES)(value) if value else None
 
 
@@ -222,3 +223,17 @@ def _flag_type(setting: Setting) -> Callable[[str], Any]:
             raise argparse.ArgumentTypeError(f"{value!r} is refused ({exc})") from None
 
     return parse
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What a training loop is given: where the job runs, and every setting's value, checked."""
+
+    socket_path: Path
+    work_dir: Path
+    pseudo_gradient_dtype: str  # resolved: the generation's own where unset
+    micro_batch_size: int | None = None
+    trust_remote_code: bool = False
+    compile: str = "off"
+    speculative_step: str = "auto"  # the action protocol's (actions/speculative.py)
+    model_dir: Path | None = None  # where the final model is kept at terminate, if anywhere

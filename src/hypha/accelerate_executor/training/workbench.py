@@ -1,8 +1,8 @@
 """What a training job needs whichever bridge generation drives it: the accelerator and its
 ranks, the model and optimizer (fetched through the bridge, loaded on every rank), the LR
 schedule, the data slices as this rank's batches, the micro-batched step and the model's full
-weights. The alpha.17 loop (training.Trainer) and the action loop
-(action_loop.ActionTrainer) are each this plus their own protocol.
+weights. The alpha.17 loop (alpha17/loop.py, Trainer) and the action loop (actions/loop.py,
+ActionTrainer) are each this plus their own protocol.
 
 Torch-free at import: the executor refuses a bad job before torch is loaded.
 """
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hypha.accelerate_executor import telemetry
@@ -25,6 +24,7 @@ if TYPE_CHECKING:
     from hypha.accelerate_executor.training.data import Batch, SliceStream
     from hypha.accelerate_executor.training.distributed import ModelWeights, Ranks
     from hypha.accelerate_executor.training.inputs import ModelInputs
+    from hypha.accelerate_executor.training.settings import RunSettings
     from hypha.accelerate_executor.training.steps import MicroBatchedStep
 
 
@@ -55,13 +55,11 @@ class Workbench:
         self,
         job: AnyJob,
         make_bridge: Callable[[], BridgeClient],
-        work_dir: Path,
-        micro_batch_size: int | None = None,
-        trust_remote_code: bool = False,
-        compile: str = "off",
+        run: RunSettings,
     ) -> None:
-        """`make_bridge` is called on rank 0 only: the one rank that talks to the bridge.
-        `compile` is HYPHA_COMPILE's choice (compiling.py)."""
+        """`make_bridge` is called on rank 0 only: the one rank that talks to the bridge."""
+        work_dir, micro_batch_size = run.work_dir, run.micro_batch_size
+        trust_remote_code, compile = run.trust_remote_code, run.compile  # compiling.py
         # Heavy imports here, once the job spec is known to be good.
         from accelerate import Accelerator
 

@@ -22,15 +22,9 @@ part in the action's collectives (the steps, gathering the weights, loading them
 rank 0 shares whether its own part (a send, a receive) worked before the others load
 anything.
 
-Never a lost update: upstream's worker refuses a push that no open receive takes (the
-pusher's stream is refused; its parameter server's whole broadcast fails), and the
-parameter server can push the aggregate before `apply-update` reaches us, even before our
-own send returns when ours completes the round, or while we still train (a round closed at
-a quorum without our update). So before its first send rank 0 opens a receive from the
-send's target and keeps one open from then on (a StandingReceive, its files queued);
-`apply-update` takes the oldest aggregate from it, and one it holds is applied before the
-next action that trains or uses the model. A `receive-model`'s source is named only by the
-action itself, so that receive opens then.
+Never a lost update: the aggregate exchange (exchange.py) keeps a receive open from our first
+send on and applies each aggregate exactly once, in upstream's order. A `receive-model`'s
+source is named only by the action itself, so that receive opens then.
 
 Never a stale status: each action is answered with the status of what it did, so a sample
 is reported once (upstream resends its previous status after `execute-batch{0}`).
@@ -43,9 +37,7 @@ way, and stepped on when the answer is `execute-batch`, dropped when not.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hypha.accelerate_executor import telemetry
@@ -74,18 +66,22 @@ from hypha.accelerate_executor.protocol.actions.messages import (
     error_status,
     sent_update,
 )
-from hypha.accelerate_executor.protocol.job import Strategy
 from hypha.accelerate_executor.training.clocks import Laps
 from hypha.accelerate_executor.training.workbench import Workbench
 
 if TYPE_CHECKING:
     import torch
 
-    from hypha.accelerate_executor.bridge.action_client import ActionBridgeClient, StandingReceive
-    from hypha.accelerate_executor.bridge.client import ReceivedFile
+    from hypha.accelerate_executor.training.actions.bridge import ActionBridgeClient
+    from hypha.accelerate_executor.training.actions.exchange import AggregateExchange
+    from hypha.accelerate_executor.training.actions.speculative import (
+        AutoSpeculation,
+        SpeculativeStep,
+    )
     from hypha.accelerate_executor.training.data import Batch
     from hypha.accelerate_executor.training.diloco import GlobalWeights
-    from hypha.accelerate_executor.training.speculative import AutoSpeculation, SpeculativeStep
+    from hypha.accelerate_executor.training.model_output import ModelOutput
+    from hypha.accelerate_executor.training.settings import RunSettings
 
 # The minimum loop time of upstream's executors (MIN_LOOP_TIME_MS): an action that trains
 # nothing (idle, waiting) is not answered sooner than this after the previous status, so a
@@ -98,13 +94,6 @@ MIN_LOOP_S = 0.1
 # peers took the round's batches in turns (2-3 workers at 20-70 ms a batch: rounds 1.3-1.5x
 # longer on a simulated clock; docs/protocol-actions.md, "execute-batch{0}").
 ZERO_BATCHES_WAIT_S = (0.02, MIN_LOOP_S)
-RECEIVE_DIR = "incoming"
-EXPORT_DIR = "model"  # the work dir's Hugging Face folder that push-to-hub uploads
-# An action that trains after our send, with no `apply-update` between, means the round has
-# moved on: the aggregate is on our bridge, or on its way to the standing receive. How long it
-# may take to come out of the receive before the action goes on without it (a push the
-# bridge dropped); a later one is still applied at the next action that uses the model.
-HELD_AGGREGATE_WAIT_S = 10.0
 # Statuses after which the scheduler usually answers `execute-batch`: the next batch's
 # gradient is computed while they are on their way. Each is the status of an action every
 # rank reports alike, so every rank decides the same.
@@ -145,58 +134,49 @@ class ActionTrainer(Workbench):
     job: ActionJob
     client: ActionBridgeClient | None  # rank 0's bridge, as the action client it is
     global_weights: GlobalWeights
+    exchange: AggregateExchange  # our updates out, the aggregates in
+    output: ModelOutput  # the model written, kept, pushed, sent
     laps: Laps  # the loop's clock, started by run()
 
-    def __init__(
-        self,
-        job: ActionJob,
-        socket_path: Path,
-        work_dir: Path,
-        pseudo_gradient_dtype: str,
-        micro_batch_size: int | None = None,
-        trust_remote_code: bool = False,
-        speculative_step: str = "auto",
-        model_dir: Path | None = None,
-        compile: str = "off",
-    ) -> None:
+    def __init__(self, job: ActionJob, run: RunSettings) -> None:
         import torch
 
-        from hypha.accelerate_executor.bridge.action_client import ActionBridgeClient
-        from hypha.accelerate_executor.training.diloco import GlobalWeights
-        from hypha.accelerate_executor.training.speculative import (
+        from hypha.accelerate_executor.training.actions.bridge import ActionBridgeClient
+        from hypha.accelerate_executor.training.actions.exchange import AggregateExchange
+        from hypha.accelerate_executor.training.actions.speculative import (
             AutoSpeculation,
             SpeculativeStep,
             cannot_drop,
         )
+        from hypha.accelerate_executor.training.diloco import GlobalWeights
+        from hypha.accelerate_executor.training.model_output import ModelOutput
 
         self.client = None
 
         def make_bridge() -> ActionBridgeClient:
-            self.client = ActionBridgeClient(socket_path, work_dir, job.job_id)
+            self.client = ActionBridgeClient(run.socket_path, run.work_dir, job.job_id)
             return self.client
 
-        super().__init__(job, make_bridge, work_dir, micro_batch_size, trust_remote_code, compile)
-        self.work_dir = work_dir
-        self.model_dir = model_dir  # where the final model is kept at terminate, if anywhere
-        self.dtype = getattr(torch, pseudo_gradient_dtype)
+        super().__init__(job, make_bridge, run)
+        self.work_dir = run.work_dir
+        self.dtype = getattr(torch, run.pseudo_gradient_dtype)
         self.global_weights = GlobalWeights(self.weights.gather())  # a collective
         self.round = 0  # updates applied (a received model counts as the round it joined)
-        self.updates_sent = 0
-        self.models_sent = 0
         self.window = _Window()
-        # Rank 0's receive from the parameter servers, kept open from our first send on.
-        self.standing: StandingReceive | None = None
-        # On every rank: an update was sent and its round's aggregate is not applied yet;
-        # late: it did not come within the wait, so each action looks for it once more.
-        self.aggregate_due = False
-        self.aggregate_late = False
-        # Rank 0: the update merged while batches since our last send were held (_applied).
-        self.straggler_update: dict[str, torch.Tensor] = {}
+        self.exchange = AggregateExchange(
+            self.client, self.global_weights, self.ranks, self.work_dir, self.say,
+            next_round=lambda: self.round + 1,
+        )  # fmt: skip
+        self.output = ModelOutput(
+            self.accelerator, self.model, self.weights, self.global_weights, self.ranks,
+            self.work_dir, run.model_dir, self.say,
+        )  # fmt: skip
         self.said_lr_multiplier = False
         self.batch_seconds = MIN_LOOP_S  # a recent batch's time, from asking to trained
         self.ahead: SpeculativeStep | None = None
         self.auto: AutoSpeculation | None = None  # None: speculating always, or never
         self.speculation_note = "speculative step off, as asked: each action is awaited"
+        speculative_step = run.speculative_step
         if speculative_step != "off" and (why := cannot_drop(self.accelerator)) is not None:
             self.speculation_note = f"speculative step off: {why}; each action is awaited"
         elif speculative_step != "off":
@@ -226,7 +206,7 @@ class ActionTrainer(Workbench):
                 # With the answer, whether an aggregate came that no send of ours made due
                 # (a round closed without us): every rank learns both in one collective.
                 action, arrived = self.ranks.share(
-                    (self._ask_and_compute(status), self._aggregate_arrived())
+                    (self._ask_and_compute(status), self.exchange.arrived())
                 )
                 trains = isinstance(action, ExecuteBatch) and action.batches > 0
                 if self.ahead is not None:
@@ -242,7 +222,7 @@ class ActionTrainer(Workbench):
             self.say(f"terminated by the scheduler after {self.round} round(s){tally}")
             finished = True
         finally:
-            # As in training.Trainer.run: the process leaves without the interpreter's join
+            # As in alpha.17's Trainer.run: the process leaves without the interpreter's join
             # of our threads, so a finished job lets the slice fetch in flight end first.
             self.data.close(wait=finished)
             if self.ahead is not None:
@@ -274,7 +254,7 @@ class ActionTrainer(Workbench):
         if batch_cycle and auto.closes_turn and self.accelerator.device.type == "cuda":
             torch.cuda.synchronize(self.accelerator.device)
         done = isinstance(action, ExecuteBatch) or (
-            isinstance(action, Idle) and not self.aggregate_due
+            isinstance(action, Idle) and self.exchange.awaited != "due"
         )
         seconds = settled - started
         if done:
@@ -317,7 +297,7 @@ class ActionTrainer(Workbench):
             case Terminate(reason=reason):
                 if reason:
                     self.say(reason)
-                self.keep_model()
+                self.output.keep(self.job.job_id)
                 return None
         raise AssertionError(f"no action on rank {self.ranks.index}")  # share() gave None
 
@@ -352,24 +332,14 @@ class ActionTrainer(Workbench):
         (an update may never be applied to it: a late joiner's first send)."""
         local = self.weights.gather()  # a collective
         loss = self._window_loss()  # a collective too
-        problem, size, relative = None, 0, ""
-        if self.client is not None:
-            relative = f"pseudo-gradients/update-{self.updates_sent}.safetensors"
-            self.updates_sent += 1
-            size = self.global_weights.write_pseudo_gradient(
-                local, self.work_dir / relative, self.dtype, weight
-            )
+        problem, size = self.exchange.send(local, target, self.dtype, weight)
         del local
-        if self.client is not None:
-            problem = self._send_update_file(target, relative)
         # The window closes only once the update carrying it has gone: after a failed send
         # its batches and loss stay in it, for the `sent-update` of the send that succeeds
         # (a trained batch counted in exactly one, and every round's loss reported).
-        problem = self.ranks.share(problem)
         if problem is not None:
             return problem
         window = self._close_window()
-        self.aggregate_due, self.aggregate_late = True, False
         if self.client is None:
             return IDLE  # only rank 0's status is sent
         # theta_global's digest: the same on every worker in a round (the stand-in checks).
@@ -396,114 +366,21 @@ class ActionTrainer(Workbench):
         )
         return sent_update(self.round, metrics)
 
-    def _send_update_file(self, target: ActionPeersReference, relative: str) -> Status | None:
-        """Rank 0: the update's file sent (the bridge tries transient failures again,
-        bridge/retry.py); an error status when it did not go."""
-        assert self.client is not None
-        # Open before the send: ours may be the round's last update, and the parameter
-        # server can push the aggregate as soon as it has it, before the send returns.
-        self._open_standing_receive(target)
-        try:
-            self.client.send_file(target, relative, remove_file=True)
-        except BridgeError as exc:
-            # The bridge deletes the file only once sent: a failed send's is ours to remove,
-            # a model's worth of disk each.
-            (self.work_dir / relative).unlink(missing_ok=True)
-            return error_status("connection", f"sending the update failed: {exc}")
-        return None
-
     def apply_update(self, source: ActionPeersReference, deadline: float) -> Status:
         """theta_global += u, loaded into the model. Also after no send of ours (a
         straggler): its drift since then is kept on top (_applied)."""
-        problem = None
-        if self.client is not None:
-            problem = self._receive_into(source, deadline, self._merge, standing=True)
-        problem = self.ranks.share(problem)
+        problem = self.exchange.apply(source, deadline, keep=self.window.batches > 0)
         if problem is not None:
             return problem
         self._applied()
         return APPLIED_UPDATE
 
     def apply_held_aggregate(self, arrived: bool = False) -> None:
-        """Before an action that trains or uses the model: the aggregate that came without
-        an `apply-update` (upstream's order), merged and loaded as `apply-update` does.
-        Waits for it only while one is due since our send; one that came later than that
-        wait is applied whenever it is found. `arrived`: one came that no send of ours made
-        due, a round closed at a quorum without our update; applied too, the batches
+        """Before an action that trains or uses the model: an aggregate that came without an
+        `apply-update` (exchange.apply_held), applied as `apply-update` does; the batches
         trained since our last send kept on top (_applied)."""
-        if not (self.aggregate_due or self.aggregate_late or arrived):
-            return  # the common case, with no collective
-        applied = False
-        if self.client is not None:
-            applied = self._merge_held()
-            if applied and not (self.aggregate_due or self.aggregate_late):
-                self.say(
-                    f"round {self.round + 1}'s aggregate came without our update (the round "
-                    "closed at a quorum without us); applied, the batches since our last "
-                    "send kept on top of it for our next one"
-                )
-        applied = self.ranks.share(applied)
-        if applied:
+        if self.exchange.apply_held(arrived, keep=self.window.batches > 0):
             self._applied()
-        elif self.aggregate_due:
-            # Waited once; looked for again at each action until the next send or apply.
-            self.aggregate_due, self.aggregate_late = False, True
-
-    def _merge_held(self) -> bool:
-        """Rank 0: whether the standing receive held an aggregate that is now merged."""
-        if self.standing is None:
-            return False
-        wait_s = HELD_AGGREGATE_WAIT_S if self.aggregate_due else 0.0
-        try:
-            received = self.standing.take(time.time() + wait_s)
-        except BridgeError as exc:
-            if self.aggregate_due:  # said once, not at each later action that looks
-                self.say(f"round {self.round + 1}'s aggregate was not received: {exc}")
-            return False
-        if received is None:
-            if self.aggregate_due:
-                self.say(
-                    f"round {self.round + 1}'s aggregate did not come within {wait_s:g} s of "
-                    "the next action; training on, it is applied once it comes"
-                )
-            return False
-        try:
-            self._merge(received.path)
-        except ExecutorError as exc:
-            self.say(f"round {self.round + 1}'s aggregate could not be applied: {exc}")
-            return False
-        finally:
-            received.path.unlink(missing_ok=True)
-        return True
-
-    def _aggregate_arrived(self) -> bool:
-        """Rank 0: the standing receive holds an aggregate (False on the other ranks)."""
-        return self.standing is not None and self.standing.holds_file()
-
-    def _merge(self, path: Path) -> int:
-        """Rank 0: theta_global += the update at `path`. An update that lacks tensors the
-        model has (a peer that sent another dtype: upstream's parameter server adds only
-        tensors of one name, shape and dtype, and leaves the others out) moves only part of
-        the model, or none of it: said on stderr and as telemetry, every round it happens."""
-        held = self.global_weights.merge_update(path)
-        if self.window.batches:  # every rank's window counts alike; see _applied
-            from safetensors.torch import load_file
-
-            self.straggler_update = load_file(path)
-        expected = len(self.global_weights.tensors)
-        if held < expected:
-            round_number = self.round + 1
-            # On stdout, the log the later releases' runtime keeps (it keeps no stderr).
-            self.say(
-                f"warning: round {round_number}'s update held {held} of {expected} tensors; "
-                "the others did not move (does every peer send the same dtype? "
-                "HYPHA_PSEUDO_GRADIENT_DTYPE)"
-            )
-            telemetry.round_ended(
-                {"round": float(round_number), "update_tensors_held": float(held),
-                 "update_tensors_expected": float(expected)}
-            )  # fmt: skip
-        return held
 
     def _applied(self) -> None:
         """Every rank, once rank 0 merged a round's aggregate into theta_global. Batches
@@ -513,39 +390,22 @@ class ActionTrainer(Workbench):
         (theta_local += u, so theta_local - theta_global is still their drift) and the
         window stays open: they are counted, once, in the next sent update."""
         if self.window.batches:
-            self._rebase_local()
+            from hypha.accelerate_executor.training.diloco import moved_by
+
+            local = self.weights.gather()  # a collective
+            update, self.exchange.last_update = self.exchange.last_update, {}
+            self.weights.load(moved_by(local, update))
         else:
             self._load_global()
             self._close_window()  # an empty one: its clock starts again from here
         self.round += 1
-        self.aggregate_due = self.aggregate_late = False
-
-    def _rebase_local(self) -> None:
-        """Every rank: theta_local += u, u the update rank 0 just merged."""
-        import torch
-
-        local = self.weights.gather()  # a collective
-        update, self.straggler_update = self.straggler_update, {}
-        moved = {}
-        for name, tensor in local.items():
-            delta = update.get(name)
-            here = tensor.detach().to("cpu")
-            if delta is None:
-                moved[name] = here.clone()
-            elif here.dtype == torch.bool:
-                moved[name] = here ^ delta.to(torch.bool)
-            elif here.is_floating_point():
-                moved[name] = (here.float() + delta.float()).to(here.dtype)
-            else:  # as merge_update treats an integer tensor
-                moved[name] = here + delta.to(here.dtype)
-        del local
-        self.weights.load(moved)
+        self.exchange.applied()
 
     def receive_model(self, source: ActionPeersReference, deadline: float) -> Status:
         """A late joiner's start: a peer's theta_global as the whole state."""
         problem = None
         if self.client is not None:
-            problem = self._receive_into(source, deadline, self.global_weights.replace_from)
+            problem = self.exchange.receive_into(source, deadline, self.global_weights.replace_from)
         problem = self.ranks.share(problem)
         if problem is not None:
             return problem
@@ -555,60 +415,27 @@ class ActionTrainer(Workbench):
         return RECEIVED_MODEL
 
     def send_model(self, target: ActionPeersReference) -> Status:
-        """A copy of theta_global for a late joiner: a file of its own, which the bridge
-        deletes once sent."""
+        """A copy of theta_global for a late joiner."""
         if self.client is None:
             return IDLE
-        relative = f"models/model-{self.models_sent}.safetensors"
-        self.models_sent += 1
-        self.global_weights.write_model(self.work_dir / relative)
         try:
-            self.client.send_file(target, relative, remove_file=True)
+            self.output.send(self.client, target)
         except BridgeError as exc:
             return error_status("connection", f"sending the model failed: {exc}")
         return SENT_MODEL
 
     def push_to_hub(self, repository: str, token: str) -> Status:
         """The final model, written in Hugging Face layout into the work dir (and the model
-        dir when there is one) by rank 0, uploaded to `repository` (hub_push.py)."""
-        from hypha.accelerate_executor.training.hub_push import push
-
-        folder = self.work_dir / EXPORT_DIR
-        if self.client is None:
-            self.write_model(folder)
-            return IDLE  # only rank 0's status is sent
+        dir when there is one) by rank 0, uploaded to `repository` (model_output.py)."""
         try:
-            self.write_model(folder)
-            url = push(folder, repository, token)
+            url = self.output.push(repository, token)
         except ExecutorError as exc:
             self.say(str(exc))
             return error_status("other", str(exc))
+        if self.client is None:
+            return IDLE  # only rank 0's status is sent
         self.say(f"pushed the model to {repository} ({url})")
         return PUSHED_TO_HUB
-
-    def keep_model(self) -> None:
-        """At `terminate`: the final model into the operator's model dir, if one is set, in a
-        folder named after the job (one job's model never overwrites another's), so that
-        nothing trained is lost when the job has no destination."""
-        if self.model_dir is not None:
-            self.write_model(self.model_dir / self.job.job_id)
-
-    def write_model(self, folder: Path) -> None:
-        """Rank 0 writes theta_global as a Hugging Face folder (model_export.py)."""
-        from hypha.accelerate_executor.training.model_export import write_hf_folder
-
-        try:
-            if self.ranks.is_main:
-                files = write_hf_folder(
-                    self.accelerator.unwrap_model(self.model),
-                    self.global_weights.tensors,
-                    self.weights.aliases,
-                    self.work_dir / "artifacts",
-                    folder,
-                )
-                self.say(f"wrote the model to {folder}: {', '.join(files)}")
-        finally:
-            self.ranks.barrier()  # the other ranks wait for rank 0 whatever came of it
 
     # Parts.
 
@@ -621,55 +448,6 @@ class ActionTrainer(Workbench):
         pause = max(deadline - time.time(), loop_s - self.laps.since_lap)
         if pause > 0:
             time.sleep(pause)
-
-    def _open_standing_receive(self, target: ActionPeersReference) -> None:
-        """Rank 0, before each send: a receive from every peer of the send's target (the
-        parameter servers; the one that takes the update pushes the aggregate), opened at
-        the first and kept open from then on, registered before the send goes. One at a
-        time: upstream's worker registers a single receive, and a second beside it is
-        refused."""
-        from hypha.accelerate_executor.bridge.action_client import StandingReceive
-
-        assert self.client is not None
-        if self.standing is None:
-            source = target.model_copy(update={"strategy": Strategy(type="All")})
-            self.standing = StandingReceive(self.client, source, RECEIVE_DIR)
-        else:
-            self.standing.wait_open()  # reopened after a file, or asked again after a 204
-
-    def _receive(
-        self, source: ActionPeersReference, deadline: float, standing: bool
-    ) -> ReceivedFile | None:
-        """Rank 0: one file from `source` before `deadline`, None when none came; with
-        `standing`, the oldest from the standing receive when there is one for `source`."""
-        assert self.client is not None
-        kept = self.standing if standing else None
-        if kept is not None and set(kept.reference.peers) <= set(source.peers):
-            return kept.take(deadline)
-        return self.client.receive_one(source, RECEIVE_DIR, deadline)
-
-    def _receive_into(
-        self,
-        source: ActionPeersReference,
-        deadline: float,
-        use: Callable[[Path], int],
-        standing: bool = False,
-    ) -> Status | None:
-        """Rank 0: one file from `source` before `deadline` (see `_receive`), handed to
-        `use(path)`; an error status when none came or it could not be used."""
-        try:
-            received = self._receive(source, deadline, standing)
-        except BridgeError as exc:
-            return error_status("connection", f"receiving failed: {exc}")
-        if received is None:
-            return error_status("connection", "nothing arrived before the deadline")
-        try:
-            use(received.path)
-        except ExecutorError as exc:
-            return error_status("other", str(exc))
-        finally:
-            received.path.unlink(missing_ok=True)
-        return None
 
     def _close_window(self) -> _Window:
         """The window so far, its seconds read off the loop's clock; a new one from now."""

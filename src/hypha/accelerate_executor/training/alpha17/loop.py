@@ -1,45 +1,16 @@
-"""The executor: one Hypha DiLoCo training job, top to bottom.
-
-    python -m hypha.accelerate_executor.training --socket S --work-dir W --job J
-
-J is the job JSON, or @path to a file holding it. Run it plainly for one process, or
-under `accelerate launch` for several; only rank 0 talks to the bridge. Exit codes:
-0 the scheduler said Done (alpha.17) or terminate (actions), 1 the job failed, 2 the job
-spec or arguments are bad, 143 cancelled by SIGTERM.
-
-Which bridge generation drives the job (`--bridge-generation`, HYPHA_BRIDGE_GENERATION):
-`auto` (the default) reads it off the job, and asks the bridge where the job fits both
-(`bridge_generation`); the first line says which it is and why. This module runs alpha.17's
-loop (Trainer); action_loop.ActionTrainer the action protocol's.
-"""
+"""alpha.17's DiLoCo loop (docs/protocol.md), top to bottom: train, one status per batch
+(status_reporter.py, without waiting for its answer), until ScheduleUpdate's counter of
+batches is trained; the round's metrics; the sync round (synchroniser.py); again until Done.
+Its typed round decision is scheduler_decision's."""
 
 from __future__ import annotations
 
-import argparse
 import math
-import os
-import signal
 import sys
-import traceback
-import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING
 
 from hypha.accelerate_executor import telemetry
-from hypha.accelerate_executor.entry import (
-    OneLineArgumentParser,
-    exit_without_teardown,
-    run_main,
-)
-from hypha.accelerate_executor.errors import (
-    EXIT_OK,
-    Cancelled,
-    JobSpecError,
-    UsageError,
-)
-from hypha.accelerate_executor.protocol.actions.job import ActionJob
 from hypha.accelerate_executor.protocol.alpha17.job import Job
 from hypha.accelerate_executor.protocol.alpha17.messages import (
     Continue,
@@ -49,33 +20,17 @@ from hypha.accelerate_executor.protocol.alpha17.messages import (
     expect,
     round_metrics,
 )
-from hypha.accelerate_executor.protocol.generation import (
-    GENERATIONS,
-    Ambiguous,
-    AnyJob,
-    Generation,
-    parse_any_job_bytes,
-    why_refused,
-)
-from hypha.accelerate_executor.protocol.job import job_bytes
-from hypha.accelerate_executor.training import settings
 from hypha.accelerate_executor.training.clocks import Laps
-from hypha.accelerate_executor.training.workbench import Workbench, say
+from hypha.accelerate_executor.training.workbench import Workbench
 
 if TYPE_CHECKING:
-    from hypha.accelerate_executor.bridge.progress import StatusAnswer, StatusReporter
+    from hypha.accelerate_executor.training.alpha17.status_reporter import (
+        StatusAnswer,
+        StatusReporter,
+    )
+    from hypha.accelerate_executor.training.alpha17.synchroniser import Synchroniser
     from hypha.accelerate_executor.training.data import Batch
-    from hypha.accelerate_executor.training.sync import Synchroniser
-
-# The module a worker runs (`python -m ...`), and what this process's own lines start with.
-PROG = "hypha.accelerate_executor.training"
-# Unless set: what each generation's own executors send, since a parameter server adds only
-# tensors of the same name, shape and dtype (upstream's `apply_tensor_op`), and a pool mixing
-# dtypes aggregates nothing. The action protocol's accelerate executor casts its
-# pseudo-gradients to bfloat16 (`extract_gradients` in its utils.py, hypha-space/hypha
-# executors/accelerate/.../utils.py, index id 66915679428, commit 012f80dd); alpha.17's sends
-# float32 (docs/protocol.md).
-PSEUDO_GRADIENT_DTYPE_BY_GENERATION = {"actions": "bfloat16", "alpha17": "float32"}
+    from hypha.accelerate_executor.training.settings import RunSettings
 
 
 @dataclass(frozen=True)
@@ -112,40 +67,30 @@ class Trainer(Workbench):
     batches_trained: int  # over the whole job; a status's batch number
     carried: Batch | None  # taken for a step that the round's end came before
 
-    def __init__(
-        self,
-        job: Job,
-        socket_path: Path,
-        work_dir: Path,
-        pseudo_gradient_dtype: str,
-        micro_batch_size: int | None = None,
-        trust_remote_code: bool = False,
-        compile: str = "off",
-    ) -> None:
+    def __init__(self, job: Job, run: RunSettings) -> None:
         import torch
 
-        from hypha.accelerate_executor.bridge.client import BridgeClient
-        from hypha.accelerate_executor.bridge.progress import StatusReporter
-        from hypha.accelerate_executor.training.sync import Synchroniser
+        from hypha.accelerate_executor.training.alpha17.bridge import Alpha17Bridge
+        from hypha.accelerate_executor.training.alpha17.status_reporter import StatusReporter
+        from hypha.accelerate_executor.training.alpha17.synchroniser import Synchroniser
 
-        super().__init__(
-            job,
-            lambda: BridgeClient(socket_path, work_dir),
-            work_dir,
-            micro_batch_size,
-            trust_remote_code,
-            compile,
-        )
+        self.client: Alpha17Bridge | None = None
+
+        def make_bridge() -> Alpha17Bridge:
+            self.client = Alpha17Bridge(run.socket_path, run.work_dir)
+            return self.client
+
+        super().__init__(job, make_bridge, run)
         config = job.config
         # The one receive stream opens here, before anything is sent, and stays open.
         self.synchroniser = Synchroniser(
             self.weights,
-            self.bridge,
+            self.client,
             config.updates,
             config.results,
-            getattr(torch, pseudo_gradient_dtype),
+            getattr(torch, run.pseudo_gradient_dtype),
         )
-        self.reporter = StatusReporter(self.bridge) if self.bridge else None
+        self.reporter = StatusReporter(self.client) if self.client else None
         self.batches_trained = 0
         self.carried = None
 
@@ -222,7 +167,7 @@ class Trainer(Workbench):
     def report_round(self, round_number: int, stats: RoundStats) -> Done | None:
         """Rank 0: waits for every status answer (none may be pending at `update`), then
         sends the round's metrics. Done if the scheduler ended the job meanwhile."""
-        if self.reporter is None or self.bridge is None:
+        if self.reporter is None or self.client is None:
             return None
         flush = Laps()
         if isinstance(done := scheduler_decision(self.reporter.flush(), TRAIN_ON), Done):
@@ -242,7 +187,7 @@ class Trainer(Workbench):
             metrics["loss"] = stats.loss
         else:
             self.say(f"warning: the round's loss is {stats.loss}; it is left out of the metrics")
-        answer = self.bridge.status(round_metrics(round_number, metrics))
+        answer = self.client.status(round_metrics(round_number, metrics))
         expect(answer, Ok, sent="metrics")
         return None
 
@@ -293,106 +238,3 @@ def scheduler_decision(answers: list[StatusAnswer], current: Decision) -> Decisi
         if isinstance(answer, ScheduleUpdate) and current.last_batch is None:
             current = Decision(status.seen + answer.counter)
     return current
-
-
-def parse_arguments(argv: list[str]) -> argparse.Namespace:
-    """The arguments, and every setting (settings.SETTINGS) from its flag or `HYPHA_*`
-    variable: a value a setting refuses ends here, before the bridge is touched."""
-    parser = OneLineArgumentParser(
-        prog=f"python -m {PROG}",
-        description="Run one Hypha DiLoCo training job over the Job Bridge.",
-    )
-    parser.add_argument("--socket", required=True, type=Path, help="the Job Bridge's Unix socket")
-    parser.add_argument("--work-dir", required=True, type=Path, help="the job's work dir")
-    parser.add_argument(
-        "--job",
-        default=os.environ.get("JOB_JSON"),
-        help="the job JSON, or @path to a file holding it; default: $JOB_JSON, which the "
-        "Hypha worker sets, and which keeps a token out of the process list",
-    )
-    settings.add_flags(parser)
-    arguments = parser.parse_args(argv)
-    if arguments.job is None:
-        raise UsageError("the job is missing: give --job, or set JOB_JSON")
-    return arguments
-
-
-def bridge_generation(
-    source: str, choice: str, socket_path: Path
-) -> tuple[AnyJob, Generation, str]:
-    """The job as the chosen generation reads it, that generation, and why it was chosen.
-    Only a job both generations accept (an alpha.17 job, which action-era types read too) is
-    decided by the bridge: every rank asks it, with a body that reaches no scheduler."""
-    data = job_bytes(source)
-    if choice in GENERATIONS:
-        forced: Generation = "alpha17" if choice == "alpha17" else "actions"
-        job = parse_any_job_bytes(data, forced)
-        assert not isinstance(job, Ambiguous)
-        return job, forced, "as asked"
-    parsed = parse_any_job_bytes(data)
-    if isinstance(parsed, Job):
-        return parsed, "alpha17", why_refused(data, "actions")
-    if isinstance(parsed, ActionJob):
-        return parsed, "actions", why_refused(data, "alpha17")
-    from hypha.accelerate_executor.bridge.action_client import probe_generation
-
-    probed = probe_generation(socket_path)
-    if probed == "actions":
-        return parsed.as_actions, "actions", "the job fits both; the bridge serves /action/update"
-    if probed == "alpha17":
-        return parsed.as_alpha17, "alpha17", "the job fits both; the bridge has no /action/update"
-    return parsed.as_alpha17, "alpha17", "the job names updates and results; the bridge did not say"
-
-
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    raise Cancelled()
-
-
-def _unexpected(exc: Exception) -> str:
-    """A bug, or torch/transformers refusing the model: one line, still."""
-    if os.environ.get("HYPHA_DEBUG"):
-        traceback.print_exc()
-    return f"failed: {type(exc).__name__}: {' '.join(str(exc).split())[:500]}"
-
-
-def main(argv: list[str] | None = None) -> int:
-    from hypha.accelerate_executor.training.action_loop import ActionTrainer
-
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    # DeepSpeed calls collectives that torch has deprecated, and the warning repeats every step.
-    warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed")
-
-    def body() -> int:
-        arguments = parse_arguments(sys.argv[1:] if argv is None else argv)
-        job, generation, why = bridge_generation(
-            arguments.job, arguments.bridge_generation, arguments.socket
-        )
-        telemetry.start(job.job_id)
-        if not arguments.work_dir.is_dir():
-            raise JobSpecError(f"work dir {arguments.work_dir} does not exist")
-        if os.environ.get("RANK", "0") == "0":
-            say(f"{PROG}: bridge generation {generation} ({why})")
-        settings = (
-            arguments.socket,
-            arguments.work_dir,
-            arguments.pseudo_gradient_dtype or PSEUDO_GRADIENT_DTYPE_BY_GENERATION[generation],
-            arguments.micro_batch_size,
-            arguments.trust_remote_code,
-        )
-        if isinstance(job, ActionJob):
-            ActionTrainer(
-                job,
-                *settings,
-                arguments.speculative_step,
-                model_dir=arguments.model_dir,
-                compile=arguments.compile,
-            ).run()
-        else:
-            Trainer(job, *settings, compile=arguments.compile).run()
-        return EXIT_OK
-
-    return run_main(PROG, body, _unexpected)
-
-
-if __name__ == "__main__":
-    exit_without_teardown(main())

@@ -8,17 +8,14 @@ answer has been read, or a new one), and none is queued behind another's answer.
 runs on the training thread, without waiting: a request is written whole at once (a Unix
 socket takes a hundred bytes without blocking), and the step loop reads whichever answers
 have arrived. No sender threads, so nothing competes with the step for the interpreter;
-bench/step_overhead.py measures what a status costs a step. UpdateInbox holds the job's one
-receive stream open from start to end and queues the files the parameter server pushes.
+bench/step_overhead.py measures what a status costs a step.
 """
 
 from __future__ import annotations
 
 import json
-import queue
 import select
 import socket
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,7 +24,6 @@ from hypha.accelerate_executor.bridge.client import (
     REQUEST_TIMEOUT_S,
     REUSE_IDLE_S,
     BridgeClient,
-    ReceivedFile,
     idle_connection_is_spent,
     json_body,
     raise_for,
@@ -40,8 +36,7 @@ from hypha.accelerate_executor.bridge.http_wire import (
     post_request,
 )
 from hypha.accelerate_executor.bridge.retry import retrying
-from hypha.accelerate_executor.errors import BridgeError, BridgeGoneError, ExecutorError
-from hypha.accelerate_executor.protocol.alpha17.job import PeersReference
+from hypha.accelerate_executor.errors import BridgeError, BridgeGoneError
 from hypha.accelerate_executor.protocol.alpha17.messages import (
     STATUS_ROUTE,
     SchedulerAnswer,
@@ -226,68 +221,3 @@ class StatusReporter:
     def _take_answers(self) -> list[StatusAnswer]:
         answers, self._answers = self._answers, []
         return answers  # in the order they came
-
-
-class UpdateInbox:
-    """alpha.17's one receive stream, read on a thread of its own; the files peers push.
-
-    A stream that breaks mid-job while the bridge's socket is still there (reset, silent
-    past the keepalive, closed by the bridge) is opened again, with the retry policy's
-    pauses and bound counted from the break. Upstream's connector frees a receive's
-    registration once its stream is dropped (libp2p-stream's `accept` skips closed senders,
-    docs/faults.md), so a reopen that comes too early gets a stream that ends at once and
-    is tried again. A push that comes while no stream is open is not announced."""
-
-    def __init__(self, bridge: BridgeClient, results: PeersReference) -> None:
-        self._bridge = bridge
-        self._results = results
-        self._accepted_peers = set(results.peers)  # empty: any peer
-        self._files: queue.SimpleQueue[ReceivedFile | ExecutorError] = queue.SimpleQueue()
-        self._stream = bridge.receive(results)
-        threading.Thread(target=self._read_loop, name="hypha-receive", daemon=True).start()
-
-    def next_update(self) -> ReceivedFile:
-        """Blocks until the parameter server pushes a file; BridgeGoneError if the stream ends."""
-        while True:
-            try:
-                item = self._files.get(timeout=1.0)  # wake up now and then so SIGTERM is seen
-                break
-            except queue.Empty:
-                continue
-        if isinstance(item, ExecutorError):
-            raise item
-        return item
-
-    def _read_loop(self) -> None:
-        try:
-            broken_since, reopens = 0.0, 0
-            while True:
-                try:
-                    for received in self._stream:
-                        broken_since, reopens = 0.0, 0
-                        if not self._accepted_peers or received.from_peer in self._accepted_peers:
-                            self._files.put(received)
-                except BridgeGoneError as exc:
-                    if not self._bridge.socket_path.exists():
-                        raise  # the worker stopped the job
-                    now = time.monotonic()
-                    broken_since = broken_since or now
-                    reopens += 1
-                    pause = self._bridge.retry_policy.pause(reopens)
-                    if now + pause - broken_since > self._bridge.retry_policy.total_s:
-                        raise BridgeGoneError(
-                            f"{exc} (the update stream opened again {reopens - 1} times "
-                            f"over {now - broken_since:.0f} s)"
-                        ) from None
-                    time.sleep(pause)
-                    try:
-                        self._stream = self._bridge.receive(self._results)
-                    except BridgeGoneError:
-                        if self._bridge.socket_path.exists():
-                            raise
-                        raise exc from None  # the worker stopped the job meanwhile
-
-        except ExecutorError as exc:
-            self._files.put(exc)
-        except Exception as exc:  # a malformed event must still wake the waiting loop
-            self._files.put(BridgeGoneError(f"the update stream broke: {exc}"))

@@ -10,7 +10,6 @@ such a receive open on a thread of its own, one after the other, its files queue
 
 from __future__ import annotations
 
-import http.client
 import json
 import queue
 import select
@@ -25,7 +24,6 @@ from hypha.accelerate_executor.bridge.client import (
     REQUEST_TIMEOUT_S,
     BridgeClient,
     ReceivedFile,
-    _UnixHTTPConnection,
     json_body,
     raise_for,
     reaching,
@@ -43,12 +41,6 @@ from hypha.accelerate_executor.protocol.actions.messages import (
     action_request,
     parse_action_response,
 )
-from hypha.accelerate_executor.protocol.generation import (
-    PROBE_BODY,
-    PROBE_ROUTE,
-    Generation,
-    generation_answering,
-)
 from hypha.accelerate_executor.protocol.messages import wire
 
 # Beyond a receive's deadline: how long the bridge may take to say 204, and how long its
@@ -63,8 +55,6 @@ REFUSED_BEFORE_S = 1.0
 REFUSED_POLICY = RetryPolicy(first_pause_s=0.05, max_pause_s=1.0)
 # How often a receive's wait looks at its directory once past the deadline and its slack.
 ANSWER_POLL_S = 1.0
-# The probe's whole budget: a bridge that does not answer it in this long answers nothing.
-PROBE_TIMEOUT_S = 10.0
 # How long a standing receive may take to put its request on the bridge's socket.
 SENT_WAIT_S = 10.0
 # A request on the socket that no 204 has answered within this long counts as registered:
@@ -78,23 +68,6 @@ STANDING_RECEIVE_S = 3600.0
 RECEIVE_AGAIN_S = 1.0
 
 
-def probe_generation(socket_path: Path) -> Generation | None:
-    """Which generation the bridge serves, asked without side effects (protocol/generation.py);
-    None when the answer names neither, or the bridge cannot be reached."""
-    connection = _UnixHTTPConnection(socket_path, PROBE_TIMEOUT_S)
-    try:
-        connection.request(
-            "POST", PROBE_ROUTE, body=PROBE_BODY, headers={"Content-Type": "application/json"}
-        )
-        response = connection.getresponse()
-        response.read()
-    except (OSError, http.client.HTTPException):
-        return None
-    finally:
-        connection.close()
-    return generation_answering(response.status)
-
-
 class ActionBridgeClient(BridgeClient):
     def __init__(self, socket_path: Path, work_dir: Path, job_id: str) -> None:
         super().__init__(socket_path, work_dir)
@@ -103,7 +76,7 @@ class ActionBridgeClient(BridgeClient):
 
     def update(self, status: Status) -> Action:
         """Reports `status`; returns the scheduler's next action."""
-        answer = self._post_json(
+        answer = self.post_json(
             ACTION_ROUTE, action_request(self.job_id, status), REQUEST_TIMEOUT_S
         )
         return parse_action_response(answer, self.job_id)
@@ -117,7 +90,7 @@ class ActionBridgeClient(BridgeClient):
         # A model-sized file crosses the network before the answer comes. Sent again after a
         # transient failure only while the file is there: a bridge that deleted it has sent it.
         path = self.work_dir / relative_path
-        self._post_json("/resources/send", wire(body), FETCH_TIMEOUT_S, may_retry=path.exists)
+        self.post_json("/resources/send", wire(body), FETCH_TIMEOUT_S, may_retry=path.exists)
 
     def receive_one(
         self,
@@ -156,7 +129,7 @@ class ActionBridgeClient(BridgeClient):
         def attempt() -> tuple[int, bytes]:
             timeout = deadline - time.time() + self.receive_slack_s
             with reaching(self.socket_path, route, timeout):
-                status, data = self._round_trip(route, body, timeout, sent, await_answer)
+                status, data = self.round_trip(route, body, timeout, sent, await_answer)
             if status not in (200, 204):
                 raise_for(route, status, data)
             return status, data
@@ -181,7 +154,7 @@ class ActionBridgeClient(BridgeClient):
             entry = json.loads(data)
         except ValueError:
             raise BridgeError(route, 200, "bad_answer", "the answer is not JSON") from None
-        return self._received(entry)
+        return self.received_file(entry)
 
 
 def written_since(directory: Path, since: float) -> bool:

@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hypha.accelerate_executor.bridge.client import BridgeClient
-from hypha.accelerate_executor.bridge.progress import UpdateInbox
 from hypha.accelerate_executor.protocol.alpha17.job import PeersReference
 from hypha.accelerate_executor.protocol.alpha17.messages import (
     Continue,
@@ -22,6 +20,7 @@ from hypha.accelerate_executor.protocol.alpha17.messages import (
     SchedulerAnswer,
     expect,
 )
+from hypha.accelerate_executor.training.alpha17.bridge import Alpha17Bridge, UpdateInbox
 from hypha.accelerate_executor.training.clocks import Laps
 from hypha.accelerate_executor.training.diloco import GlobalWeights
 from hypha.accelerate_executor.training.distributed import ModelWeights
@@ -48,7 +47,7 @@ class Synchroniser:
     def __init__(
         self,
         weights: ModelWeights,
-        bridge: BridgeClient | None,
+        bridge: Alpha17Bridge | None,
         updates: PeersReference,
         results: PeersReference,
         dtype: torch.dtype = torch.float32,

@@ -1,0 +1,166 @@
+"""alpha.17's routes of the Job Bridge (docs/protocol.md): `/resources/send` hands a file over
+and returns before it is sent, `/status/send` carries a progress message and returns the
+scheduler's answer, and `/resources/receive` opens the job's one receive stream (server-sent
+events, a file each), which UpdateInbox holds open from start to end, its files queued.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import queue
+import threading
+import time
+from collections.abc import Iterator
+
+from hypha.accelerate_executor.bridge.client import (
+    REQUEST_TIMEOUT_S,
+    BridgeClient,
+    ReceivedFile,
+    UnixHTTPConnection,
+    json_body,
+    raise_for,
+    reaching,
+)
+from hypha.accelerate_executor.bridge.retry import retrying
+from hypha.accelerate_executor.errors import BridgeGoneError, ExecutorError
+from hypha.accelerate_executor.protocol.alpha17.job import PeersReference
+from hypha.accelerate_executor.protocol.alpha17.messages import (
+    PROGRESS,
+    STATUS_ROUTE,
+    Progress,
+    ReceiveRequest,
+    SchedulerAnswer,
+    SendRequest,
+    parse_answer,
+)
+from hypha.accelerate_executor.protocol.messages import wire
+
+# The bridge writes `: keepalive` every 5 s; three missed in a row means it is gone.
+STREAM_SILENCE_LIMIT_S = 15.0
+
+
+class Alpha17Bridge(BridgeClient):
+    def send(self, reference: PeersReference, relative_path: str) -> None:
+        """Hands a file to the bridge for the peers. It is sent after this returns:
+        the caller must not touch the file again."""
+        body = SendRequest(resource=reference, path=relative_path)
+        self.post_json("/resources/send", wire(body), REQUEST_TIMEOUT_S)
+
+    def status(self, progress: Progress) -> SchedulerAnswer:
+        """Sends a Progress message; returns the scheduler's answer. (The statuses of the
+        batches go out through status_reporter.StatusReporter, which does not wait for answers.)"""
+        body = PROGRESS.dump_python(progress)
+        return parse_answer(self.post_json(STATUS_ROUTE, body, REQUEST_TIMEOUT_S))
+
+    def receive(
+        self, reference: PeersReference, relative_dir: str = "incoming"
+    ) -> Iterator[ReceivedFile]:
+        """Opens the job's one receive stream now; the iterator yields each file a peer pushes.
+
+        The stream is meant to stay open for the whole job: it ending, or falling silent
+        for longer than the keepalive period allows, raises BridgeGoneError.
+        """
+        route = "/resources/receive"
+        body = json_body(wire(ReceiveRequest(resource=reference, path=relative_dir)))
+
+        def attempt() -> tuple[UnixHTTPConnection, http.client.HTTPResponse]:
+            connection = UnixHTTPConnection(self.socket_path, STREAM_SILENCE_LIMIT_S)
+            try:
+                with reaching(self.socket_path, route, STREAM_SILENCE_LIMIT_S):
+                    response = self.exchange(connection, route, body)
+                    if response.status != 200:
+                        raise_for(route, response.status, response.read())
+            except BaseException:
+                connection.close()
+                raise
+            return connection, response
+
+        return self._events(*retrying(route, attempt, self.retry_policy))
+
+    def _events(
+        self, connection: UnixHTTPConnection, response: http.client.HTTPResponse
+    ) -> Iterator[ReceivedFile]:
+        try:
+            with reaching(
+                self.socket_path, "the update stream", STREAM_SILENCE_LIMIT_S, streaming=True
+            ):
+                data_lines: list[str] = []
+                while True:
+                    raw = response.readline()
+                    if not raw:
+                        raise BridgeGoneError("the bridge closed the update stream")
+                    line = raw.decode("utf-8").rstrip("\r\n")
+                    if line.startswith("data:"):
+                        data_lines.append(line[5:].removeprefix(" "))
+                    elif not line and data_lines:
+                        yield self.received_file(json.loads("\n".join(data_lines)))
+                        data_lines = []
+                    # Comments (`: keepalive`) and other SSE fields carry nothing for us.
+        finally:
+            connection.close()
+
+
+class UpdateInbox:
+    """alpha.17's one receive stream, read on a thread of its own; the files peers push.
+
+    A stream that breaks mid-job while the bridge's socket is still there (reset, silent
+    past the keepalive, closed by the bridge) is opened again, with the retry policy's
+    pauses and bound counted from the break. Upstream's connector frees a receive's
+    registration once its stream is dropped (libp2p-stream's `accept` skips closed senders,
+    docs/faults.md), so a reopen that comes too early gets a stream that ends at once and
+    is tried again. A push that comes while no stream is open is not announced."""
+
+    def __init__(self, bridge: Alpha17Bridge, results: PeersReference) -> None:
+        self._bridge = bridge
+        self._results = results
+        self._accepted_peers = set(results.peers)  # empty: any peer
+        self._files: queue.SimpleQueue[ReceivedFile | ExecutorError] = queue.SimpleQueue()
+        self._stream = bridge.receive(results)
+        threading.Thread(target=self._read_loop, name="hypha-receive", daemon=True).start()
+
+    def next_update(self) -> ReceivedFile:
+        """Blocks until the parameter server pushes a file; BridgeGoneError if the stream ends."""
+        while True:
+            try:
+                item = self._files.get(timeout=1.0)  # wake up now and then so SIGTERM is seen
+                break
+            except queue.Empty:
+                continue
+        if isinstance(item, ExecutorError):
+            raise item
+        return item
+
+    def _read_loop(self) -> None:
+        try:
+            broken_since, reopens = 0.0, 0
+            while True:
+                try:
+                    for received in self._stream:
+                        broken_since, reopens = 0.0, 0
+                        if not self._accepted_peers or received.from_peer in self._accepted_peers:
+                            self._files.put(received)
+                except BridgeGoneError as exc:
+                    if not self._bridge.socket_path.exists():
+                        raise  # the worker stopped the job
+                    now = time.monotonic()
+                    broken_since = broken_since or now
+                    reopens += 1
+                    pause = self._bridge.retry_policy.pause(reopens)
+                    if now + pause - broken_since > self._bridge.retry_policy.total_s:
+                        raise BridgeGoneError(
+                            f"{exc} (the update stream opened again {reopens - 1} times "
+                            f"over {now - broken_since:.0f} s)"
+                        ) from None
+                    time.sleep(pause)
+                    try:
+                        self._stream = self._bridge.receive(self._results)
+                    except BridgeGoneError:
+                        if self._bridge.socket_path.exists():
+                            raise
+                        raise exc from None  # the worker stopped the job meanwhile
+
+        except ExecutorError as exc:
+            self._files.put(exc)
+        except Exception as exc:  # a malformed event must still wake the waiting loop
+            self._files.put(BridgeGoneError(f"the update stream broke: {exc}"))
