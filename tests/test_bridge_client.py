@@ -237,7 +237,7 @@ def test_a_standing_receive_is_on_the_bridges_socket_before_it_returns(tmp_path:
     from hypha.accelerate_executor.protocol.actions.job import ActionPeersReference
     from hypha.accelerate_executor.training.actions.bridge import (
         ActionBridgeClient,
-        StandingReceive,
+        standing_receive,
     )
 
     path = tmp_path / "bridge.sock"
@@ -249,7 +249,7 @@ def test_a_standing_receive_is_on_the_bridges_socket_before_it_returns(tmp_path:
     )
     client = ActionBridgeClient(path, tmp_path, "job-1")
     with listener:
-        StandingReceive(client, source, "incoming")
+        standing_receive(client, source, "incoming")
         listener.setblocking(False)
         connection, _ = listener.accept()  # raises BlockingIOError when nothing connected yet
         with connection:

@@ -1,17 +1,15 @@
-"""The Job Bridge as action-era workers serve it (docs/protocol-actions.md section 2), and the
-probe that tells the two generations apart.
+"""The action protocol's routes of the Job Bridge (docs/protocol-actions.md section 2).
 
-Beside alpha.17's fetch (unchanged, BridgeClient's): `POST /action/update` reports a status
-and returns the next action; `POST /resources/send` returns once every target has the bytes
-and always carries `remove_file`; `POST /resources/receive` waits for one file until an
-absolute deadline and answers it as JSON, or 204 when none came. A `StandingReceive` keeps
-such a receive open on a thread of its own, one after the other, its files queued.
+Beside the fetch both generations share (BridgeClient's): `POST /action/update` reports a
+status and returns the next action; `POST /resources/send` returns once every target has the
+bytes and always carries `remove_file`; `POST /resources/receive` waits for one file until an
+absolute deadline and answers it as JSON, or 204 when none came. `standing_receive` keeps
+such a receive open from the first send on (bridge/receiver.py).
 """
 
 from __future__ import annotations
 
 import json
-import queue
 import select
 import socket
 import threading
@@ -28,6 +26,7 @@ from hypha.accelerate_executor.bridge.client import (
     raise_for,
     reaching,
 )
+from hypha.accelerate_executor.bridge.receiver import KeptOpenReceiver
 from hypha.accelerate_executor.bridge.retry import RetryPolicy, retrying
 from hypha.accelerate_executor.errors import BridgeError
 from hypha.accelerate_executor.protocol.actions.job import ActionPeersReference
@@ -55,16 +54,11 @@ REFUSED_BEFORE_S = 1.0
 REFUSED_POLICY = RetryPolicy(first_pause_s=0.05, max_pause_s=1.0)
 # How often a receive's wait looks at its directory once past the deadline and its slack.
 ANSWER_POLL_S = 1.0
-# How long a standing receive may take to put its request on the bridge's socket.
-SENT_WAIT_S = 10.0
-# A request on the socket that no 204 has answered within this long counts as registered:
-# a bridge that cannot register a receive says so at once.
-REGISTERED_AFTER_S = 0.05
 # Each receive of a StandingReceive: the aggregate comes once the round's slowest peer has
 # sent too, which can be a whole window of training after us; an open receive costs nothing
 # while it waits, and the next opens when it ends empty.
 STANDING_RECEIVE_S = 3600.0
-# After a receive the bridge refused for good: the pause before the next.
+# After a receive the bridge refused for good: the longest pause before the next.
 RECEIVE_AGAIN_S = 1.0
 
 
@@ -165,86 +159,19 @@ def written_since(directory: Path, since: float) -> bool:
         return False
 
 
-class StandingReceive:
-    """A receive from `reference`'s peers kept open on a daemon thread: each file it gets is
-    moved aside (the bridge writes the next push from the same peer to the same path) and
-    queued, and the next receive opens at once. Upstream's worker refuses a push that comes
-    while no receive is open, and a parameter server pushes when it has aggregated, which
-    may be before the action that wants the file, or while we still train (docs/protocol-
-    actions.md, the action loop). Files are taken, oldest first, with `take`. Daemon: a job
-    that ends while it waits leaves without joining it (entry.exit_without_teardown)."""
+def standing_receive(
+    client: ActionBridgeClient, reference: ActionPeersReference, relative_dir: str
+) -> KeptOpenReceiver:
+    """A receive from `reference`'s peers kept open from now on (bridge/receiver.py), each
+    open one waiting up to STANDING_RECEIVE_S, refusals asked again after at most
+    RECEIVE_AGAIN_S; back once the first is registered."""
 
-    def __init__(
-        self, client: ActionBridgeClient, reference: ActionPeersReference, relative_dir: str
-    ) -> None:
-        self.reference = reference
-        self._files: queue.Queue[ReceivedFile] = queue.Queue()
-        self._ended: Exception | None = None  # what ended the loop (the bridge gone, ...)
-        self._failed: BridgeError | None = None  # the last refusal since a receive ended well
-        self._sent = threading.Event()
-        self._thread = threading.Thread(
-            target=self._keep_open,
-            args=(client, relative_dir),
-            name="standing-receive",
-            daemon=True,
-        )
-        self._thread.start()
-        self.wait_open()
+    def open_one(sent: threading.Event) -> list[ReceivedFile]:
+        deadline = time.time() + STANDING_RECEIVE_S
+        received = client.receive_one(reference, relative_dir, deadline, sent)
+        return [] if received is None else [received]
 
-    def wait_open(self) -> None:
-        """Back once a receive is registered: its request on the bridge's socket and not
-        refused at once (REGISTERED_AFTER_S). The caller sends next what makes the push
-        come, and a thread not yet scheduled (seen on a loaded machine), or a receive the
-        bridge refused, had nothing open when the push came. Bounded: a bridge that never
-        takes the request leaves `take` waiting until its deadline."""
-        give_up = time.monotonic() + SENT_WAIT_S
-        while self._thread.is_alive() and time.monotonic() < give_up:
-            if self._sent.wait(0.05):
-                time.sleep(REGISTERED_AFTER_S)
-                if self._sent.is_set():
-                    return
-
-    def _keep_open(self, client: ActionBridgeClient, relative_dir: str) -> None:
-        taken = 0
-        try:
-            while True:
-                deadline = time.time() + STANDING_RECEIVE_S
-                try:
-                    received = client.receive_one(
-                        self.reference, relative_dir, deadline, self._sent
-                    )
-                except BridgeError as exc:
-                    self._sent.clear()
-                    self._failed = exc
-                    time.sleep(RECEIVE_AGAIN_S)  # tried again already (retry.py); and again
-                    continue
-                self._sent.clear()  # answered: the next one opens now
-                self._failed = None
-                if received is None:
-                    continue  # its deadline passed with nothing: open the next
-                taken += 1
-                aside = received.path.with_name(f"{received.path.name}.{taken}")
-                received.path.rename(aside)
-                self._files.put(replace(received, path=aside))
-        except Exception as exc:  # raised again by `take` once the files before it are taken
-            self._ended = exc
-
-    def take(self, deadline: float) -> ReceivedFile | None:
-        """The oldest file received and not yet taken, waiting for one until `deadline`
-        (seconds since the epoch); None when none came, or the bridge's last refusal when
-        its receives were refused since. Once the loop has ended, what ended it is raised
-        when no file is left."""
-        while True:
-            try:
-                return self._files.get(timeout=min(0.5, max(0.0, deadline - time.time())))
-            except queue.Empty:
-                if self._ended is not None and self._files.empty():
-                    raise self._ended from None
-                if time.time() >= deadline:
-                    if self._failed is not None:
-                        raise self._failed from None
-                    return None
-
-    def holds_file(self) -> bool:
-        """A file has come that is not taken yet."""
-        return not self._files.empty()
+    policy = replace(client.retry_policy, max_pause_s=RECEIVE_AGAIN_S)
+    receiver = KeptOpenReceiver(open_one, client.socket_path, policy, name="standing-receive")
+    receiver.wait_open()
+    return receiver

@@ -8,7 +8,7 @@ pusher's stream is refused; its parameter server's whole broadcast fails), and t
 parameter server can push the aggregate before `apply-update` reaches us, even before our
 own send returns when ours completes the round, or while we still train (a round closed at
 a quorum without our update). So before its first send rank 0 opens a receive from the
-send's target and keeps one open from then on (a StandingReceive, its files queued);
+send's target and keeps one open from then on (bridge/receiver.py, its files queued);
 `apply-update` takes the oldest aggregate from it, and one it holds is applied before the
 next action that trains or uses the model (`apply_held`).
 
@@ -34,10 +34,8 @@ if TYPE_CHECKING:
     import torch
 
     from hypha.accelerate_executor.bridge.client import ReceivedFile
-    from hypha.accelerate_executor.training.actions.bridge import (
-        ActionBridgeClient,
-        StandingReceive,
-    )
+    from hypha.accelerate_executor.bridge.receiver import KeptOpenReceiver
+    from hypha.accelerate_executor.training.actions.bridge import ActionBridgeClient
     from hypha.accelerate_executor.training.diloco import GlobalWeights
     from hypha.accelerate_executor.training.distributed import Ranks
 
@@ -72,8 +70,10 @@ class AggregateExchange:
         self.next_round = next_round
         self.awaited: Awaited = "none"
         self.updates_sent = 0
-        # Rank 0's receive from the parameter servers, kept open from our first send on.
-        self.standing: StandingReceive | None = None
+        # Rank 0's receive from the parameter servers, kept open from our first send on, and
+        # whom it receives from.
+        self.standing: KeptOpenReceiver | None = None
+        self.standing_source: ActionPeersReference | None = None
         # Rank 0: the last aggregate merged, kept whole while the local weights must move by
         # it too (batches trained since our last send; `merge`'s keep).
         self.last_update: dict[str, torch.Tensor] = {}
@@ -237,12 +237,13 @@ class AggregateExchange:
         the first and kept open from then on, registered before the send goes. One at a
         time: upstream's worker registers a single receive, and a second beside it is
         refused."""
-        from hypha.accelerate_executor.training.actions.bridge import StandingReceive
+        from hypha.accelerate_executor.training.actions.bridge import standing_receive
 
         assert self.client is not None
         if self.standing is None:
             source = target.model_copy(update={"strategy": Strategy(type="All")})
-            self.standing = StandingReceive(self.client, source, RECEIVE_DIR)
+            self.standing = standing_receive(self.client, source, RECEIVE_DIR)
+            self.standing_source = source
         else:
             self.standing.wait_open()  # reopened after a file, or asked again after a 204
 
@@ -250,7 +251,7 @@ class AggregateExchange:
         self, source: ActionPeersReference, deadline: float, standing: bool
     ) -> ReceivedFile | None:
         assert self.client is not None
-        kept = self.standing if standing else None
-        if kept is not None and set(kept.reference.peers) <= set(source.peers):
+        kept, kept_from = (self.standing, self.standing_source) if standing else (None, None)
+        if kept is not None and kept_from is not None and set(kept_from.peers) <= set(source.peers):
             return kept.take(deadline)
         return self.client.receive_one(source, RECEIVE_DIR, deadline)

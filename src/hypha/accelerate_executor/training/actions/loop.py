@@ -40,7 +40,6 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from hypha.accelerate_executor import telemetry
 from hypha.accelerate_executor.errors import BridgeError, ExecutorError
 from hypha.accelerate_executor.protocol.actions.job import ActionJob, ActionPeersReference
 from hypha.accelerate_executor.protocol.actions.messages import (
@@ -67,6 +66,11 @@ from hypha.accelerate_executor.protocol.actions.messages import (
     sent_update,
 )
 from hypha.accelerate_executor.training.clocks import Laps
+from hypha.accelerate_executor.training.round_metrics import (
+    loss_text,
+    round_ended,
+    training_metrics,
+)
 from hypha.accelerate_executor.training.workbench import Workbench
 
 if TYPE_CHECKING:
@@ -342,27 +346,25 @@ class ActionTrainer(Workbench):
         window = self._close_window()
         if self.client is None:
             return IDLE  # only rank 0's status is sent
-        # theta_global's digest: the same on every worker in a round (the stand-in checks).
         metrics = {
-            "batches": float(window.batches),
+            **training_metrics(
+                batches=window.batches,
+                samples=window.batches * self.job.config.batch_size,
+                seconds=window.seconds,
+                learning_rate=float(self.lr_schedule.get_last_lr()[0]),
+                loss=loss,
+                peak_memory=self.peak_device_memory(),
+            ),
             "weight": weight,
+            # theta_global's digest: the same on every worker in a round (the stand-in checks).
             "global_digest": float(self.global_weights.digest()),
         }
-        if window.batches:
-            samples = window.batches * self.job.config.batch_size
-            metrics["samples_per_second"] = samples / max(window.seconds, 1e-9)
-            metrics["learning_rate"] = float(self.lr_schedule.get_last_lr()[0])
-        if loss is not None:
-            metrics["loss"] = loss
-        if (peak := self.peak_device_memory()) is not None:
-            metrics["peak_device_memory_bytes"] = float(peak)
-        figures = {"round": self.round + 1.0, **metrics, "sent_bytes": float(size)}
-        telemetry.round_ended(figures)
-        self.say(
-            f"round {self.round + 1}: loss "
-            f"{'-' if loss is None else f'{loss:.4f}'} | {window.batches} batches | "
+        round_ended(
+            self.say,
+            self.round + 1,
+            {**metrics, "sent_bytes": float(size)},
+            f"loss {loss_text(loss)} | {window.batches} batches | "
             f"weight {weight:.3f} | {size / 1e6:.1f} MB sent",
-            figures,
         )
         return sent_update(self.round, metrics)
 

@@ -1,16 +1,14 @@
 """alpha.17's routes of the Job Bridge (docs/protocol.md): `/resources/send` hands a file over
 and returns before it is sent, `/status/send` carries a progress message and returns the
 scheduler's answer, and `/resources/receive` opens the job's one receive stream (server-sent
-events, a file each), which UpdateInbox holds open from start to end, its files queued.
+events, a file each), which `update_inbox` holds open from start to end (bridge/receiver.py).
 """
 
 from __future__ import annotations
 
 import http.client
 import json
-import queue
 import threading
-import time
 from collections.abc import Iterator
 
 from hypha.accelerate_executor.bridge.client import (
@@ -22,8 +20,9 @@ from hypha.accelerate_executor.bridge.client import (
     raise_for,
     reaching,
 )
+from hypha.accelerate_executor.bridge.receiver import KeptOpenReceiver
 from hypha.accelerate_executor.bridge.retry import retrying
-from hypha.accelerate_executor.errors import BridgeGoneError, ExecutorError
+from hypha.accelerate_executor.errors import BridgeGoneError
 from hypha.accelerate_executor.protocol.alpha17.job import PeersReference
 from hypha.accelerate_executor.protocol.alpha17.messages import (
     PROGRESS,
@@ -101,66 +100,25 @@ class Alpha17Bridge(BridgeClient):
             connection.close()
 
 
-class UpdateInbox:
-    """alpha.17's one receive stream, read on a thread of its own; the files peers push.
+def update_inbox(bridge: Alpha17Bridge, results: PeersReference) -> KeptOpenReceiver:
+    """alpha.17's one receive stream, held open from now on (bridge/receiver.py): the files
+    the parameter server pushes, from `results`' peers (any peer when it names none). Back
+    once the stream is open, before anything is sent. A push that comes while no stream is
+    open is not announced; upstream's connector frees a receive's registration once its
+    stream is dropped (libp2p-stream's `accept` skips closed senders, docs/faults.md), so a
+    reopen that comes too early gets a stream that ends at once and is opened again."""
+    accepted = set(results.peers)
 
-    A stream that breaks mid-job while the bridge's socket is still there (reset, silent
-    past the keepalive, closed by the bridge) is opened again, with the retry policy's
-    pauses and bound counted from the break. Upstream's connector frees a receive's
-    registration once its stream is dropped (libp2p-stream's `accept` skips closed senders,
-    docs/faults.md), so a reopen that comes too early gets a stream that ends at once and
-    is tried again. A push that comes while no stream is open is not announced."""
+    def open_stream(sent: threading.Event) -> Iterator[ReceivedFile]:
+        stream = bridge.receive(results)
+        sent.set()  # the bridge answered 200: the stream is registered
+        return stream
 
-    def __init__(self, bridge: Alpha17Bridge, results: PeersReference) -> None:
-        self._bridge = bridge
-        self._results = results
-        self._accepted_peers = set(results.peers)  # empty: any peer
-        self._files: queue.SimpleQueue[ReceivedFile | ExecutorError] = queue.SimpleQueue()
-        self._stream = bridge.receive(results)
-        threading.Thread(target=self._read_loop, name="hypha-receive", daemon=True).start()
-
-    def next_update(self) -> ReceivedFile:
-        """Blocks until the parameter server pushes a file; BridgeGoneError if the stream ends."""
-        while True:
-            try:
-                item = self._files.get(timeout=1.0)  # wake up now and then so SIGTERM is seen
-                break
-            except queue.Empty:
-                continue
-        if isinstance(item, ExecutorError):
-            raise item
-        return item
-
-    def _read_loop(self) -> None:
-        try:
-            broken_since, reopens = 0.0, 0
-            while True:
-                try:
-                    for received in self._stream:
-                        broken_since, reopens = 0.0, 0
-                        if not self._accepted_peers or received.from_peer in self._accepted_peers:
-                            self._files.put(received)
-                except BridgeGoneError as exc:
-                    if not self._bridge.socket_path.exists():
-                        raise  # the worker stopped the job
-                    now = time.monotonic()
-                    broken_since = broken_since or now
-                    reopens += 1
-                    pause = self._bridge.retry_policy.pause(reopens)
-                    if now + pause - broken_since > self._bridge.retry_policy.total_s:
-                        raise BridgeGoneError(
-                            f"{exc} (the update stream opened again {reopens - 1} times "
-                            f"over {now - broken_since:.0f} s)"
-                        ) from None
-                    time.sleep(pause)
-                    try:
-                        self._stream = self._bridge.receive(self._results)
-                    except BridgeGoneError:
-                        if self._bridge.socket_path.exists():
-                            raise
-                        raise exc from None  # the worker stopped the job meanwhile
-
-        except ExecutorError as exc:
-            self._files.put(exc)
-        except Exception as exc:  # a malformed event must still wake the waiting loop
-            self._files.put(BridgeGoneError(f"the update stream broke: {exc}"))
+    inbox = KeptOpenReceiver(
+        open_stream,
+        bridge.socket_path,
+        bridge.retry_policy,
+        accept=lambda received: not accepted or received.from_peer in accepted,
+    )
+    inbox.wait_open()
+    return inbox

@@ -10,7 +10,6 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from hypha.accelerate_executor import telemetry
 from hypha.accelerate_executor.protocol.alpha17.job import Job
 from hypha.accelerate_executor.protocol.alpha17.messages import (
     Continue,
@@ -21,6 +20,7 @@ from hypha.accelerate_executor.protocol.alpha17.messages import (
     round_metrics,
 )
 from hypha.accelerate_executor.training.clocks import Laps
+from hypha.accelerate_executor.training.round_metrics import round_ended, training_metrics
 from hypha.accelerate_executor.training.workbench import Workbench
 
 if TYPE_CHECKING:
@@ -173,23 +173,27 @@ class Trainer(Workbench):
         if isinstance(done := scheduler_decision(self.reporter.flush(), TRAIN_ON), Done):
             return done
         stats.parts["statuses"] += flush.seconds
-        metrics = {
-            "samples_per_second": stats.samples / stats.seconds,
-            "learning_rate": float(self.lr_schedule.get_last_lr()[0]),
-            "batches": float(stats.batches),
-            "overshoot_batches": float(stats.overshoot),
-        }
-        if stats.tokens:
-            metrics["tokens_per_second"] = stats.tokens / stats.seconds
-        if (peak := self.peak_device_memory()) is not None:
-            metrics["peak_device_memory_bytes"] = float(peak)
-        if math.isfinite(stats.loss):
-            metrics["loss"] = stats.loss
-        else:
+        metrics = self.metrics_of(stats)
+        if not math.isfinite(stats.loss):
             self.say(f"warning: the round's loss is {stats.loss}; it is left out of the metrics")
         answer = self.client.status(round_metrics(round_number, metrics))
         expect(answer, Ok, sent="metrics")
         return None
+
+    def metrics_of(self, stats: RoundStats) -> dict[str, float]:
+        """The round's figures for the scheduler's `metrics` and the round's log line."""
+        return {
+            **training_metrics(
+                batches=stats.batches,
+                samples=stats.samples,
+                seconds=stats.seconds,
+                learning_rate=float(self.lr_schedule.get_last_lr()[0]),
+                loss=stats.loss,
+                tokens=stats.tokens,
+                peak_memory=self.peak_device_memory(),
+            ),
+            "overshoot_batches": float(stats.overshoot),
+        }
 
     def synchronise(self, round_number: int, stats: RoundStats) -> Continue | Done:
         """The DiLoCo outer step; returns the scheduler's answer on every rank."""
@@ -197,26 +201,21 @@ class Trainer(Workbench):
         if outcome.answer is not None:
             parts = ", ".join(f"{name} {1e3 * s:.1f} ms" for name, s in stats.parts.items())
             figures = {
-                "round": float(round_number),
-                "loss": stats.loss,
-                "learning_rate": float(self.lr_schedule.get_last_lr()[0]),
-                "samples_per_second": stats.samples / stats.seconds,
-                **({"tokens_per_second": stats.tokens / stats.seconds} if stats.tokens else {}),
-                "batches": float(stats.batches),
-                "overshoot_batches": float(stats.overshoot),
+                **self.metrics_of(stats),
                 **{f"{name}_seconds": s for name, s in stats.parts.items()},
                 "sync_seconds": outcome.overhead_s,
                 "sent_bytes": float(outcome.bytes_out),
                 "update_wait_seconds": outcome.seconds["wait"],
             }
-            telemetry.round_ended(figures)
-            self.say(
-                f"round {round_number}: loss {stats.loss:.4f} | {stats.batches} batches, "
+            round_ended(
+                self.say,
+                round_number,
+                figures,
+                f"loss {stats.loss:.4f} | {stats.batches} batches, "
                 f"{stats.overshoot} past ScheduleUpdate | {stats.samples / stats.seconds:.1f} "
                 f"samples/s | {parts} | sync {outcome.overhead_s:.3f} s "
                 f"({outcome.bytes_out / 1e6:.1f} MB out) + {outcome.seconds['wait']:.2f} s "
                 "waiting for the update",
-                figures,
             )
         answer = self.ranks.share(outcome.answer)
         return answer if isinstance(answer, Done) else Continue()

@@ -20,7 +20,7 @@ from hypha.accelerate_executor.protocol.alpha17.messages import (
     SchedulerAnswer,
     expect,
 )
-from hypha.accelerate_executor.training.alpha17.bridge import Alpha17Bridge, UpdateInbox
+from hypha.accelerate_executor.training.alpha17.bridge import Alpha17Bridge, update_inbox
 from hypha.accelerate_executor.training.clocks import Laps
 from hypha.accelerate_executor.training.diloco import GlobalWeights
 from hypha.accelerate_executor.training.distributed import ModelWeights
@@ -59,7 +59,7 @@ class Synchroniser:
         self.bridge = bridge
         self.updates = updates
         self.dtype = dtype
-        self.inbox = UpdateInbox(bridge, results) if bridge is not None else None
+        self.inbox = update_inbox(bridge, results) if bridge is not None else None
 
     def run(self, round_number: int) -> SyncRound:
         laps = Laps()
@@ -77,7 +77,8 @@ class Synchroniser:
         self.bridge.send(self.updates, relative)  # never touched again
         expect(self.bridge.status("update"), Ok, sent="update")
         laps.lap("send")
-        received = self.inbox.next_update()
+        received = self.inbox.take()
+        assert received is not None  # with no deadline, a file or the failure raised
         laps.lap("wait")
         self.global_weights.merge_update(received.path)
         laps.lap("merge")
@@ -86,8 +87,10 @@ class Synchroniser:
         answer = self.bridge.status("update-received")
         expect(answer, Continue, Done, sent="update-received")
         # The parameter server had the previous round's file before it sent that round's
-        # update; deleting a model-sized file takes a while, so not on the sync's path.
+        # update, and the update is merged; deleting a model-sized file takes a while, so
+        # not on the sync's path.
         previous = self.bridge.work_dir / f"pseudo-gradients/round-{round_number - 1}.safetensors"
-        threading.Thread(target=previous.unlink, kwargs={"missing_ok": True}, daemon=True).start()
+        for spent in (previous, received.path):
+            threading.Thread(target=spent.unlink, kwargs={"missing_ok": True}, daemon=True).start()
         laps.lap("report")
         return SyncRound(answer, size, laps.parts)
