@@ -12,8 +12,9 @@ error's `exit_code`.
     │   │   ├── SerdeError      JSON that Hypha's Rust types refuse
     │   │   ├── UntrainableJobError  serde accepts it, nothing could train it
     │   │   └── RemoteCodeRefused    the model ships Python the operator has not allowed
-    │   ├── BridgeError         the bridge answered a request with an error
-    │   ├── BridgeGoneError     the bridge cannot be reached any more
+    │   ├── BridgeError         talking to the bridge failed
+    │   │   ├── BridgeAnswerError   the bridge answered a request with an error
+    │   │   └── BridgeGoneError     the bridge cannot be reached any more
     │   ├── UnsafePathError     the bridge handed back a path outside the work dir
     │   ├── SchedulerError      the scheduler answered Error, or something unknown
     │   ├── DataError           a data slice does not hold what the job says
@@ -107,6 +108,10 @@ class RemoteCodeRefused(JobSpecError):
 
 
 class BridgeError(ExecutorError):
+    """Talking to the bridge failed: it answered with an error, or it cannot be reached."""
+
+
+class BridgeAnswerError(BridgeError):
     """The bridge answered a request with an error."""
 
     def __init__(self, route: str, status: int, error: str, detail: str) -> None:
@@ -117,7 +122,7 @@ class BridgeError(ExecutorError):
         self.detail = detail
 
 
-class BridgeGoneError(ExecutorError):
+class BridgeGoneError(BridgeError):
     """The bridge cannot be reached any more: socket gone, refused, or stream closed.
     `transient` when it may come back (refused, reset, no answer in time): bridge/retry.py
     tries such a request again; a socket that is gone is final."""

@@ -26,7 +26,7 @@ from typing import Any, NoReturn
 from hypha.accelerate_executor.bridge.http_wire import connect_unix
 from hypha.accelerate_executor.bridge.paths import resolve_in_work_dir
 from hypha.accelerate_executor.bridge.retry import DEFAULT_POLICY, retrying
-from hypha.accelerate_executor.errors import BridgeError, BridgeGoneError
+from hypha.accelerate_executor.errors import BridgeAnswerError, BridgeGoneError
 from hypha.accelerate_executor.protocol.actions.job import ActionReference
 from hypha.accelerate_executor.protocol.alpha17.job import Reference
 from hypha.accelerate_executor.protocol.generation import (
@@ -108,14 +108,14 @@ def reaching(
 
 
 def raise_for(route: str, status: int, data: bytes) -> NoReturn:
-    """BridgeError for an answer that is not a 200, with the bridge's own words."""
+    """BridgeAnswerError for an answer that is not a 200, with the bridge's own words."""
     text = data.decode("utf-8", "replace").strip()
     try:
         answer = json.loads(text)
         error, detail = str(answer["error"]), str(answer.get("detail", ""))
     except (ValueError, KeyError, TypeError):
         error, detail = "http_error", text  # 413/415/422 answers are plain text
-    raise BridgeError(route, status, error, " ".join(detail.split()))
+    raise BridgeAnswerError(route, status, error, " ".join(detail.split()))
 
 
 def probe_generation(socket_path: Path) -> Generation | None:
@@ -147,7 +147,9 @@ class BridgeClient:
         """Asks the bridge to place the referenced files under artifacts/; returns them."""
         answer = self.post_json("/resources/fetch", wire(reference), FETCH_TIMEOUT_S)
         if not isinstance(answer, list):
-            raise BridgeError("/resources/fetch", 200, "bad_answer", "expected a list of files")
+            raise BridgeAnswerError(
+                "/resources/fetch", 200, "bad_answer", "expected a list of files"
+            )
         return [self._file(entry) for entry in answer]
 
     def _file(self, entry: Any) -> BridgeFile:
@@ -160,7 +162,7 @@ class BridgeClient:
 
     def _checked_entry(self, entry: Any) -> tuple[Path, int]:
         if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
-            raise BridgeError("bridge", 200, "bad_answer", f"not a file entry: {entry!r}")
+            raise BridgeAnswerError("bridge", 200, "bad_answer", f"not a file entry: {entry!r}")
         return resolve_in_work_dir(self.work_dir, entry["path"]), int(entry.get("size", 0))
 
     def post_json(

@@ -59,7 +59,7 @@ class KeptOpenReceiver:
         # Since a receive last opened or ended well: the failures in a row, the last of
         # them and when they began (time.monotonic()).
         self._failures = 0
-        self._failed: BridgeError | BridgeGoneError | None = None
+        self._failed: BridgeError | None = None
         self._failing_since = 0.0
         self._sent = threading.Event()
         self._thread = threading.Thread(target=self._keep_open, name=name, daemon=True)
@@ -122,7 +122,7 @@ class KeptOpenReceiver:
                         aside = received.path.with_name(f"{received.path.name}.{taken}")
                         received.path.rename(aside)
                         self._files.put(replace(received, path=aside))
-                except (BridgeError, BridgeGoneError) as exc:
+                except BridgeError as exc:
                     self._sent.clear()
                     if not self._socket_path.exists():
                         raise  # the worker stopped the job

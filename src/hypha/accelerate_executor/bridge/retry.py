@@ -20,7 +20,7 @@ reach another data node.
 Every try after the first waits a jittered, exponentially growing pause; no try starts once
 `total_s` has passed since the first, so a request gives up after at most `total_s` plus
 one try's own timeout. Giving up raises the last failure's kind, its message saying how
-many tries over how long: BridgeRetriesExhausted (a BridgeError, so the action loop turns it
+many tries over how long: BridgeRetriesExhausted (a BridgeAnswerError, so the action loop turns it
 into `error{connection}` where a status exists) or BridgeGoneError (the executor ends with
 that one line).
 
@@ -41,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from hypha.accelerate_executor.errors import BridgeError, BridgeGoneError
+from hypha.accelerate_executor.errors import BridgeAnswerError, BridgeError, BridgeGoneError
 
 T = TypeVar("T")
 
@@ -64,10 +64,10 @@ class RetryPolicy:
 DEFAULT_POLICY = RetryPolicy()
 
 
-class BridgeRetriesExhausted(BridgeError):
+class BridgeRetriesExhausted(BridgeAnswerError):
     """A transient answer of the bridge that did not go away within the policy's bound."""
 
-    def __init__(self, last: BridgeError, tries: int, seconds: float) -> None:
+    def __init__(self, last: BridgeAnswerError, tries: int, seconds: float) -> None:
         super().__init__(
             last.route,
             last.status,
@@ -84,7 +84,7 @@ TRANSIENT_4XX = frozenset({"hash_mismatch"})
 def is_transient(failure: Exception) -> bool:
     if isinstance(failure, BridgeRetriesExhausted):
         return False
-    if isinstance(failure, BridgeError):
+    if isinstance(failure, BridgeAnswerError):
         return failure.status >= 500 or failure.error in TRANSIENT_4XX
     if isinstance(failure, BridgeGoneError):
         return failure.transient
@@ -110,13 +110,13 @@ def retrying(
         tries += 1
         try:
             return attempt()
-        except (BridgeError, BridgeGoneError) as failure:
+        except BridgeError as failure:
             pause = policy.pause(tries)
             if not is_transient(failure) or time.monotonic() + pause > stop or not may_retry():
                 if not is_transient(failure) or tries == 1:
                     raise
                 seconds = time.monotonic() - started
-                if isinstance(failure, BridgeError):
+                if isinstance(failure, BridgeAnswerError):
                     raise BridgeRetriesExhausted(failure, tries, seconds) from None
                 raise BridgeGoneError(
                     f"{failure} ({route}: still failing after {tries} tries over {seconds:.0f} s)"

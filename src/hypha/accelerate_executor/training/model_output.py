@@ -80,7 +80,7 @@ class ModelOutput:
 
     def send(self, client: ActionBridgeClient, target: ActionPeersReference) -> None:
         """Rank 0: a copy of theta_global for a late joiner, a file of its own, which the
-        bridge deletes once sent. Raises BridgeError when it did not go."""
+        bridge deletes once sent. Raises BridgeAnswerError when it did not go."""
         relative = f"models/model-{self.models_sent}.safetensors"
         self.models_sent += 1
         self.global_weights.write_model(self.work_dir / relative)

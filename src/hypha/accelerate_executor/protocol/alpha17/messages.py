@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Tag, TypeAdapter
 
-from hypha.accelerate_executor.errors import BridgeError, SchedulerError
+from hypha.accelerate_executor.errors import BridgeAnswerError, SchedulerError
 from hypha.accelerate_executor.protocol.alpha17.job import REFERENCE, Reference
 from hypha.accelerate_executor.protocol.messages import (
     DEFAULT_RECEIVE_DIR,
@@ -147,7 +147,9 @@ ANSWER_NAMES = tuple(_ANSWERS)  # the answers without fields
 def parse_answer(value: Any) -> SchedulerAnswer:
     """The scheduler's answer (`{"type": ...}`, docs/protocol.md section 5) as a typed value."""
     if not isinstance(value, dict):
-        raise BridgeError(STATUS_ROUTE, 200, "bad_answer", f"not a scheduler answer: {value!r}")
+        raise BridgeAnswerError(
+            STATUS_ROUTE, 200, "bad_answer", f"not a scheduler answer: {value!r}"
+        )
     kind = value.get("type")
     if kind == ScheduleUpdate.__name__:
         counter = value.get("counter")

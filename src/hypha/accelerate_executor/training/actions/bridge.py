@@ -28,7 +28,7 @@ from hypha.accelerate_executor.bridge.client import (
 )
 from hypha.accelerate_executor.bridge.receiver import KeptOpenReceiver
 from hypha.accelerate_executor.bridge.retry import RetryPolicy, retrying
-from hypha.accelerate_executor.errors import BridgeError
+from hypha.accelerate_executor.errors import BridgeAnswerError
 from hypha.accelerate_executor.protocol.actions.job import ActionPeersReference
 from hypha.accelerate_executor.protocol.actions.messages import (
     ACTION_ROUTE,
@@ -147,7 +147,7 @@ class ActionBridgeClient(BridgeClient):
         try:
             entry = json.loads(data)
         except ValueError:
-            raise BridgeError(route, 200, "bad_answer", "the answer is not JSON") from None
+            raise BridgeAnswerError(route, 200, "bad_answer", "the answer is not JSON") from None
         return self.received_file(entry)
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from hypha.accelerate_executor import telemetry
-from hypha.accelerate_executor.errors import BridgeError, ExecutorError
+from hypha.accelerate_executor.errors import BridgeAnswerError, ExecutorError
 from hypha.accelerate_executor.protocol.actions.job import ActionPeersReference
 from hypha.accelerate_executor.protocol.actions.messages import Status, error_status
 from hypha.accelerate_executor.protocol.job import Strategy
@@ -175,7 +175,7 @@ class AggregateExchange:
         error status when none came or it could not be used."""
         try:
             received = self._receive(source, deadline, standing)
-        except BridgeError as exc:
+        except BridgeAnswerError as exc:
             return error_status("connection", f"receiving failed: {exc}")
         if received is None:
             return error_status("connection", "nothing arrived before the deadline")
@@ -196,7 +196,7 @@ class AggregateExchange:
         self._open_standing_receive(target)
         try:
             self.client.send_file(target, relative, remove_file=True)
-        except BridgeError as exc:
+        except BridgeAnswerError as exc:
             # The bridge deletes the file only once sent: a failed send's is ours to remove,
             # a model's worth of disk each.
             (self.work_dir / relative).unlink(missing_ok=True)
@@ -211,7 +211,7 @@ class AggregateExchange:
         wait_s = HELD_AGGREGATE_WAIT_S if due else 0.0
         try:
             received = self.standing.take(time.time() + wait_s)
-        except BridgeError as exc:
+        except BridgeAnswerError as exc:
             if due:  # said once, not at each later action that looks
                 self.say(f"round {self.next_round()}'s aggregate was not received: {exc}")
             return False

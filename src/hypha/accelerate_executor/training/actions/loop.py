@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from hypha.accelerate_executor.errors import BridgeError, ExecutorError
+from hypha.accelerate_executor.errors import BridgeAnswerError, ExecutorError
 from hypha.accelerate_executor.protocol.actions.job import ActionJob, ActionPeersReference
 from hypha.accelerate_executor.protocol.actions.messages import (
     APPLIED_UPDATE,
@@ -422,7 +422,7 @@ class ActionTrainer(Workbench):
             return IDLE
         try:
             self.output.send(self.client, target)
-        except BridgeError as exc:
+        except BridgeAnswerError as exc:
             return error_status("connection", f"sending the model failed: {exc}")
         return SENT_MODEL
 

@@ -36,7 +36,7 @@ from hypha.accelerate_executor.bridge.http_wire import (
     post_request,
 )
 from hypha.accelerate_executor.bridge.retry import retrying
-from hypha.accelerate_executor.errors import BridgeError, BridgeGoneError
+from hypha.accelerate_executor.errors import BridgeAnswerError, BridgeGoneError
 from hypha.accelerate_executor.protocol.alpha17.messages import (
     STATUS_ROUTE,
     SchedulerAnswer,
@@ -159,7 +159,7 @@ class StatusReporter:
         try:
             response = flight.reader.feed(flight.sock.recv(65536))
         except ValueError as exc:  # not HTTP: whatever is on the socket, it is not the bridge
-            raise BridgeError(STATUS_ROUTE, 0, "bad_http", str(exc)) from None
+            raise BridgeAnswerError(STATUS_ROUTE, 0, "bad_http", str(exc)) from None
         except ConnectionError:  # the answer is lost; the status may have gone through
             response, lost = None, True
         if response is None and not lost:
@@ -183,7 +183,7 @@ class StatusReporter:
         try:
             answer = parse_answer(json.loads(response.body))
         except ValueError:
-            raise BridgeError(STATUS_ROUTE, 200, "bad_answer", "not JSON") from None
+            raise BridgeAnswerError(STATUS_ROUTE, 200, "bad_answer", "not JSON") from None
         self._seen = max(self._seen, flight.batch)
         self._answers.append(StatusAnswer(answer, flight.batch, self._seen))
 
