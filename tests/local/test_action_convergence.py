@@ -1,6 +1,6 @@
 """No livelock at the end of a round: fast workers against the stand-in's action-era
 scheduler (upstream's decisions, local/action_scheduler.py) answering at once, each worker
-answering as the executor does (`action_loop.status_after_batches`), on a simulated clock.
+answering as the executor does (`training/actions/loop.py`, `status_after_batches`), on a simulated clock.
 With `batch-completed{0}` after `execute-batch{0}` (the executor's answer before issue 34),
 each worker's clock moves at every zero answer and, with one batch left, each is projected
 0 for ever; with `idle` every round ends. And how long the rounds take on that clock with the

@@ -1,3 +1,5 @@
-"""The Job Bridge client, both generations: alpha.17's routes (client), the action protocol's
-(action_client, actions), one status per batch and the update stream (progress), the HTTP it
-speaks over the Unix socket (http_wire), and no path outside the work dir (paths)."""
+"""The Job Bridge's transport, both generations': the client over the Unix socket (client: HTTP
+requests on kept-alive connections, the fetch, the generation probe), the HTTP it speaks
+(http_wire), one retry policy for every loop that tries again (retry), the receive kept open
+for the whole job (receiver), and no path outside the work dir (paths). Each generation's
+routes are in its training folder."""

@@ -9,6 +9,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hypha.accelerate_executor.bridge.retry import RetryPolicy
+
+# A full backlog empties as the bridge accepts: milliseconds, so the pauses are too.
+BACKLOG_POLICY = RetryPolicy(first_pause_s=0.002, max_pause_s=0.1)
+
 
 def connect_unix(path: Path, timeout: float) -> socket.socket:
     """A stream socket connected to `path`, with `timeout` set on it.
@@ -17,7 +22,7 @@ def connect_unix(path: Path, timeout: float) -> socket.socket:
     queueing the caller, as TCP would: several statuses connecting at the same moment can
     meet that, so it tries again until `timeout` has passed."""
     deadline = time.monotonic() + timeout
-    pause = 0.001
+    tries = 0
     while True:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(timeout)
@@ -25,10 +30,11 @@ def connect_unix(path: Path, timeout: float) -> socket.socket:
             sock.connect(str(path))
         except BlockingIOError:
             sock.close()
+            tries += 1
+            pause = BACKLOG_POLICY.pause(tries)
             if time.monotonic() + pause > deadline:
                 raise TimeoutError("the bridge's connection backlog stayed full") from None
             time.sleep(pause)
-            pause = min(2 * pause, 0.05)
             continue
         except OSError:
             sock.close()

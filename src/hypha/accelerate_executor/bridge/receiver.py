@@ -60,6 +60,7 @@ class KeptOpenReceiver:
         # them and when they began (time.monotonic()).
         self._failures = 0
         self._failed: BridgeError | None = None
+        self._first_failure: BridgeError | None = None
         self._failing_since = 0.0
         self._sent = threading.Event()
         self._thread = threading.Thread(target=self._keep_open, name=name, daemon=True)
@@ -125,9 +126,12 @@ class KeptOpenReceiver:
                 except BridgeError as exc:
                     self._sent.clear()
                     if not self._socket_path.exists():
-                        raise  # the worker stopped the job
+                        # The worker stopped the job: what ended the receives is the break
+                        # that began the failures, not a reopen's missing socket.
+                        first = self._first_failure if self._failures else None
+                        raise (first or exc) from None
                     if not self._failures:
-                        self._failing_since = time.monotonic()
+                        self._failing_since, self._first_failure = time.monotonic(), exc
                     self._failures += 1
                     self._failed = exc
                     time.sleep(self._policy.pause(self._failures))

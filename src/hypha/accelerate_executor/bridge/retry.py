@@ -30,7 +30,7 @@ not sending it again, leaves the executor without an answer and ends a job that 
 run for hours; sending it again risks at worst that a scheduler which did see it counts a
 `batch-completed` twice and schedules the round's update a few batches early. The batches
 and the loss a round reports come from `sent-update`'s metrics, which count what was
-trained, so nothing is counted twice there (see training/action_loop.send_update).
+trained, so nothing is counted twice there (see training/actions/loop.py, send_update).
 """
 
 from __future__ import annotations

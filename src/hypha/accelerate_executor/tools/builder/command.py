@@ -241,7 +241,7 @@ def build_context(root: Path, wheelhouse: str | None) -> IO[bytes]:
     return context
 
 
-class Progress:
+class BuildLog:
     """Condenses the builder's stream to its step lines; keeps all of it in a log file."""
 
     def __init__(self, variant: str, log: IO[str]) -> None:
@@ -331,7 +331,7 @@ def build_image(api: APIClient, root: Path, spec: ImageBuild) -> None:
     with tempfile.NamedTemporaryFile(
         "w", prefix=f"hypha-build-{spec.variant}-", suffix=".log", delete=False
     ) as log:
-        progress = Progress(spec.variant, log)
+        progress = BuildLog(spec.variant, log)
         context = build_context(root, spec.wheelhouse)
         # Only another architecture than the host's names a platform: a native build stays
         # exactly what it was on engines that handle the parameter differently.

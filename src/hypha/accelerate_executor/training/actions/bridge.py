@@ -54,7 +54,7 @@ REFUSED_BEFORE_S = 1.0
 REFUSED_POLICY = RetryPolicy(first_pause_s=0.05, max_pause_s=1.0)
 # How often a receive's wait looks at its directory once past the deadline and its slack.
 ANSWER_POLL_S = 1.0
-# Each receive of a StandingReceive: the aggregate comes once the round's slowest peer has
+# Each receive of the standing receive: the aggregate comes once the round's slowest peer has
 # sent too, which can be a whole window of training after us; an open receive costs nothing
 # while it waits, and the next opens when it ends empty.
 STANDING_RECEIVE_S = 3600.0
