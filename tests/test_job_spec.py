@@ -364,10 +364,13 @@ def test_the_generation_line_says_why_alpha17_refused_an_action_job(
 ) -> None:
     """A malformed alpha.17 job (its `updates` no peers reference) is rightly run as an
     action-era job, serde ignoring the unknown field; the line says why, not that it has none."""
-    from hypha.accelerate_executor.training.main import bridge_generation
+    from hypha.accelerate_executor.protocol.generation import bridge_generation
 
     job = _action_job(None if updates is None else lambda c: c.__setitem__("updates", updates))
-    # No socket is asked: only a job both generations accept goes to the bridge.
-    parsed, generation, reason = bridge_generation(job.decode(), "auto", tmp_path / "absent.sock")
+
+    def probe() -> None:
+        raise AssertionError("only a job both generations accept goes to the bridge")
+
+    parsed, generation, reason = bridge_generation(job, "auto", probe)
     assert isinstance(parsed, ActionJob) and generation == "actions"
     assert reason == why  # serde's line, which quotes no value of the job

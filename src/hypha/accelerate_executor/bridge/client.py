@@ -27,14 +27,13 @@ from hypha.accelerate_executor.bridge.http_wire import connect_unix
 from hypha.accelerate_executor.bridge.paths import resolve_in_work_dir
 from hypha.accelerate_executor.bridge.retry import DEFAULT_POLICY, retrying
 from hypha.accelerate_executor.errors import BridgeAnswerError, BridgeGoneError
-from hypha.accelerate_executor.protocol.actions.job import ActionReference
-from hypha.accelerate_executor.protocol.alpha17.job import Reference
 from hypha.accelerate_executor.protocol.generation import (
     PROBE_BODY,
     PROBE_ROUTE,
     Generation,
     generation_answering,
 )
+from hypha.accelerate_executor.protocol.job import FetchedReference
 from hypha.accelerate_executor.protocol.messages import wire
 
 REQUEST_TIMEOUT_S = 60.0
@@ -143,7 +142,7 @@ class BridgeClient:
         self._idle_lock = threading.Lock()
         self.retry_policy = DEFAULT_POLICY
 
-    def fetch(self, reference: Reference | ActionReference) -> list[BridgeFile]:
+    def fetch(self, reference: FetchedReference) -> list[BridgeFile]:
         """Asks the bridge to place the referenced files under artifacts/; returns them."""
         answer = self.post_json("/resources/fetch", wire(reference), FETCH_TIMEOUT_S)
         if not isinstance(answer, list):

@@ -58,6 +58,10 @@ class Ambiguous:
     as_alpha17: Job
     as_actions: ActionJob
 
+    @property
+    def job_id(self) -> str:
+        return self.as_actions.job_id  # the same either way
+
 
 def parse_any_job_bytes(data: bytes, generation: Generation | None = None) -> AnyJob | Ambiguous:
     """The job as `generation`'s types read it; with None, as whichever generation's serde
@@ -108,6 +112,31 @@ def _attempt(parse: Callable[[bytes], _M], data: bytes) -> _M | JobSpecError:
         return parse(data)
     except JobSpecError as exc:  # UntrainableJobError among them: serde accepted it
         return exc
+
+
+def bridge_generation(
+    data: bytes, choice: str, probe: Callable[[], Generation | None]
+) -> tuple[AnyJob, Generation, str]:
+    """The job as the chosen generation (`choice`: one of GENERATIONS, or auto) reads it,
+    that generation, and why it was chosen. Only a job both generations accept (an alpha.17
+    job, which action-era types read too) is decided by the bridge, asked with `probe` (the
+    probe's question above, which reaches no scheduler)."""
+    if choice in GENERATIONS:
+        forced: Generation = "alpha17" if choice == "alpha17" else "actions"
+        job = parse_any_job_bytes(data, forced)
+        assert not isinstance(job, Ambiguous)
+        return job, forced, "as asked"
+    parsed = parse_any_job_bytes(data)
+    if isinstance(parsed, Job):
+        return parsed, "alpha17", why_refused(data, "actions")
+    if isinstance(parsed, ActionJob):
+        return parsed, "actions", why_refused(data, "alpha17")
+    probed = probe()
+    if probed == "actions":
+        return parsed.as_actions, "actions", "the job fits both; the bridge serves /action/update"
+    if probed == "alpha17":
+        return parsed.as_alpha17, "alpha17", "the job fits both; the bridge has no /action/update"
+    return parsed.as_alpha17, "alpha17", "the job names updates and results; the bridge did not say"
 
 
 def json_schema() -> dict[str, Any]:

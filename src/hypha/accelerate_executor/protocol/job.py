@@ -89,6 +89,11 @@ class SchedulerReference(JobModel):
     dataset: str
 
 
+# What the bridge fetches, whichever generation's job names it: a model or preprocessor's
+# artifact (uri, huggingface) or the data (those, or the scheduler's slices).
+FetchedReference = UriReference | HuggingFaceReference | SchedulerReference
+
+
 def _trainable(task: str) -> str:
     if reason := refusal(task):  # tasks.py: the task table
         raise ValueError(reason)

@@ -45,7 +45,7 @@ from hypha.accelerate_executor.platform.image_tags import (
     VARIANTS,
 )
 from hypha.accelerate_executor.platform.variants import BY_NAME
-from hypha.accelerate_executor.protocol.generation import Ambiguous, parse_any_job_bytes
+from hypha.accelerate_executor.protocol.generation import parse_any_job_bytes
 from hypha.accelerate_executor.protocol.job import job_bytes
 from hypha.accelerate_executor.shim import compile_cache
 from hypha.accelerate_executor.shim.container import run_container
@@ -215,7 +215,7 @@ def run(args: argparse.Namespace, interrupts: Interrupts) -> int:
     data = job_bytes(args.job)
     # Either generation's job (the executor in the container tells which the bridge speaks).
     job = parse_any_job_bytes(data)
-    job_id = job.as_alpha17.job_id if isinstance(job, Ambiguous) else job.job_id
+    job_id = job.job_id
     uid, gid = _owner(work_dir, args.user)
     job_path = write_job_file(work_dir, data, uid, gid)
     command = launcher_args(

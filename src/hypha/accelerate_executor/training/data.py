@@ -41,7 +41,7 @@ import torch
 
 from hypha.accelerate_executor.bridge.client import BridgeClient
 from hypha.accelerate_executor.errors import DataError, TensorFileError
-from hypha.accelerate_executor.protocol.alpha17.job import DataReference
+from hypha.accelerate_executor.protocol.job import FetchedReference
 from hypha.accelerate_executor.training.distributed import Ranks
 from hypha.accelerate_executor.training.tensorfile import TensorEntry, read_layout
 
@@ -243,7 +243,7 @@ class SliceStream:
         self,
         bridge: BridgeClient | None,
         work_dir: Path,
-        reference: DataReference,
+        reference: FetchedReference,
         names: tuple[list[str], tuple[str, ...]],
         batch_size: int,
         ranks: Ranks,

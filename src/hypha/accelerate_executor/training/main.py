@@ -9,7 +9,7 @@ spec or arguments are bad, 143 cancelled by SIGTERM.
 
 Which bridge generation drives the job (`--bridge-generation`, HYPHA_BRIDGE_GENERATION):
 `auto` (the default) reads it off the job, and asks the bridge where the job fits both
-(`bridge_generation`); the first line says which it is and why. Each generation's loop is in
+(protocol/generation.py, `bridge_generation`); the first line says which it is and why. Each generation's loop is in
 its folder: alpha17/loop.py, actions/loop.py.
 """
 
@@ -33,15 +33,7 @@ from hypha.accelerate_executor.entry import (
 )
 from hypha.accelerate_executor.errors import EXIT_OK, Cancelled, JobSpecError, UsageError
 from hypha.accelerate_executor.protocol.actions.job import ActionJob
-from hypha.accelerate_executor.protocol.alpha17.job import Job
-from hypha.accelerate_executor.protocol.generation import (
-    GENERATIONS,
-    Ambiguous,
-    AnyJob,
-    Generation,
-    parse_any_job_bytes,
-    why_refused,
-)
+from hypha.accelerate_executor.protocol.generation import bridge_generation
 from hypha.accelerate_executor.protocol.job import job_bytes
 from hypha.accelerate_executor.training import settings
 from hypha.accelerate_executor.training.settings import RunSettings
@@ -80,31 +72,6 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
     return arguments
 
 
-def bridge_generation(
-    source: str, choice: str, socket_path: Path
-) -> tuple[AnyJob, Generation, str]:
-    """The job as the chosen generation reads it, that generation, and why it was chosen.
-    Only a job both generations accept (an alpha.17 job, which action-era types read too) is
-    decided by the bridge: every rank asks it, with a body that reaches no scheduler."""
-    data = job_bytes(source)
-    if choice in GENERATIONS:
-        forced: Generation = "alpha17" if choice == "alpha17" else "actions"
-        job = parse_any_job_bytes(data, forced)
-        assert not isinstance(job, Ambiguous)
-        return job, forced, "as asked"
-    parsed = parse_any_job_bytes(data)
-    if isinstance(parsed, Job):
-        return parsed, "alpha17", why_refused(data, "actions")
-    if isinstance(parsed, ActionJob):
-        return parsed, "actions", why_refused(data, "alpha17")
-    probed = probe_generation(socket_path)
-    if probed == "actions":
-        return parsed.as_actions, "actions", "the job fits both; the bridge serves /action/update"
-    if probed == "alpha17":
-        return parsed.as_alpha17, "alpha17", "the job fits both; the bridge has no /action/update"
-    return parsed.as_alpha17, "alpha17", "the job names updates and results; the bridge did not say"
-
-
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise Cancelled()
 
@@ -127,7 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     def body() -> int:
         arguments = parse_arguments(sys.argv[1:] if argv is None else argv)
         job, generation, why = bridge_generation(
-            arguments.job, arguments.bridge_generation, arguments.socket
+            job_bytes(arguments.job),
+            arguments.bridge_generation,
+            lambda: probe_generation(arguments.socket),
         )
         telemetry.start(job.job_id)
         if not arguments.work_dir.is_dir():
