@@ -150,6 +150,8 @@ def test_no_modules_import_each_other_in_a_circle() -> None:
 def test_a_circle_and_an_upward_import_are_seen() -> None:
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert (
-        layer(f"{EXECUTOR}.errors") < layer(f"{EXECUTOR}.protocol.job") < layer(f"{EXECUTOR}.shim.run")
+        layer(f"{EXECUTOR}.errors")
+        < layer(f"{EXECUTOR}.protocol.job")
+        < layer(f"{EXECUTOR}.shim.run")
     )
     assert layer(f"{EXECUTOR}.shim.run") < layer("standin.worker.worker") < layer(f"{EXECUTOR}.cli")

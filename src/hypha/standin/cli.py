@@ -16,8 +16,9 @@ from pathlib import Path
 from types import FrameType
 
 from hypha.accelerate_executor.entry import OneLineArgumentParser, run_main
-from hypha.accelerate_executor.errors import EXIT_FAILED, EXIT_OK, LocalError, UsageError
+from hypha.accelerate_executor.errors import EXIT_FAILED, EXIT_OK, UsageError
 from hypha.standin.console import say
+from hypha.standin.errors import LocalError
 from hypha.standin.jobs import JOB_KINDS, LR_SCHEDULES, LrSchedule
 from hypha.standin.worker.faults import Fault, parse_fault
 

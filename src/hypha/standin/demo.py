@@ -16,12 +16,12 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from types import FrameType
 
-from hypha.accelerate_executor.errors import CoordinatorError, WorkerError
 from hypha.standin.console import say, warn
 from hypha.standin.coordinator.client import CoordinatorClient
 from hypha.standin.coordinator.report import finish
 from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
 from hypha.standin.data_service.assets import ensure_assets
+from hypha.standin.errors import CoordinatorError, WorkerError
 from hypha.standin.hub import HubStandin
 from hypha.standin.worker.executor_entries import ExecutorEntry
 from hypha.standin.worker.faults import Fault

@@ -20,7 +20,6 @@ from typing import Any, BinaryIO
 
 from pydantic import ValidationError
 
-from hypha.accelerate_executor.errors import BackendError, CoordinatorRefusal, ProgressError
 from hypha.accelerate_executor.protocol.actions.messages import (
     ACTION_REQUEST,
     BatchCompletedStatus,
@@ -47,6 +46,7 @@ from hypha.standin.backend import ERROR_KINDS, Push, RemoteFile
 from hypha.standin.console import say, warn
 from hypha.standin.coordinator.records import RoundRecord, WorkerRecord
 from hypha.standin.data_service.service import Catalog, DataService
+from hypha.standin.errors import BackendError, CoordinatorRefusal, ProgressError
 from hypha.standin.job_status import last_line
 from hypha.standin.jobs import RunOptions, job_spec, new_peer_id
 from hypha.standin.parameter_server.aggregation import Aggregation

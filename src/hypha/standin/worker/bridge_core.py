@@ -38,13 +38,14 @@ from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
-from hypha.accelerate_executor.errors import BackendError, BridgeRefusal, ErrorKind
+from hypha.accelerate_executor.errors import ErrorKind
 from hypha.accelerate_executor.protocol.actions.messages import SystemTime
 from hypha.accelerate_executor.protocol.alpha17.messages import PROGRESS, Progress
 from hypha.accelerate_executor.protocol.generation import Generation
 from hypha.accelerate_executor.protocol.messages import DEFAULT_RECEIVE_DIR
 from hypha.standin.backend import BridgeBackend, Push
 from hypha.standin.console import warn
+from hypha.standin.errors import BackendError, BridgeRefusal
 from hypha.standin.worker.faults import FaultPlan
 
 # How long one poll for pushes waits; bounds how long stop() waits for the poller.

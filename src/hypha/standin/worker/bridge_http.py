@@ -14,7 +14,6 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import urlsplit
 
-from hypha.accelerate_executor.errors import BridgeRefusal
 from hypha.accelerate_executor.protocol.actions.messages import (
     ACTION_RECEIVE_REQUEST,
     ACTION_REQUEST,
@@ -28,6 +27,7 @@ from hypha.accelerate_executor.protocol.alpha17.messages import (
 )
 from hypha.accelerate_executor.protocol.messages import wire
 from hypha.standin.console import say
+from hypha.standin.errors import BridgeRefusal
 from hypha.standin.serving import LISTEN_BACKLOG, TracksConnections
 from hypha.standin.worker.axum_body import deserialized, read_json, shaped
 from hypha.standin.worker.bridge_core import JobBridge

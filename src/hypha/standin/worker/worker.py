@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hypha.accelerate_executor.errors import BackendError, CoordinatorError, WorkerError
 from hypha.accelerate_executor.protocol.generation import Generation
 from hypha.accelerate_executor.supervisor import (
     Interrupts,
@@ -29,9 +28,9 @@ from hypha.accelerate_executor.supervisor import (
     Supervisor,
     signal_exit_status,
 )
-from hypha.accelerate_executor.telemetry import wanted as telemetry_wanted
 from hypha.standin.backend import BridgeBackend
 from hypha.standin.console import say, warn
+from hypha.standin.errors import BackendError, CoordinatorError, WorkerError
 from hypha.standin.job_status import (
     ERR_TAIL_BYTES,
     OUT_TAIL_BYTES,
@@ -48,6 +47,14 @@ if TYPE_CHECKING:
     # Only the TCP client's type: urllib3, which it needs, is not in the runtime images,
     # where `selftest` runs this worker against a coordinator in its own process.
     from hypha.standin.coordinator.client import CoordinatorClient
+
+# The OpenTelemetry SDK's endpoint variables (the OTLP exporter spec): a worker with one set,
+# and the SDK not disabled, has telemetry configured.
+OTLP_ENDPOINT_VARIABLES = (
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+)
 
 # A Hypha worker signals only its direct child, SIGKILLs it 5 s later, and leaves what the
 # child started alone (docs/protocol.md section 1): the local worker plays exactly that.
@@ -265,13 +272,21 @@ def telemetry_env(worker: str, env: dict[str, str]) -> dict[str, str]:
     """A later Hypha worker with telemetry configured hands its executors its OTEL_*
     variables (they are in `env`, passed on whole) with its own service name and resource
     attributes (docs/telemetry.md): here the worker's name as `hypha.worker.name`."""
-    if not telemetry_wanted(env):
+    if not _telemetry_configured(env):
         return {}
     given = env.get("OTEL_RESOURCE_ATTRIBUTES")
     return {
         "OTEL_SERVICE_NAME": env.get("OTEL_SERVICE_NAME") or "hypha-worker",
         "OTEL_RESOURCE_ATTRIBUTES": f"{given + ',' if given else ''}hypha.worker.name={worker}",
     }
+
+
+def _telemetry_configured(env: dict[str, str]) -> bool:
+    """Whether the worker's own OpenTelemetry SDK would export: the spec's rule, read here
+    rather than from the executor's telemetry/, which decides for the executor's side."""
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    return any(env.get(name) for name in OTLP_ENDPOINT_VARIABLES)
 
 
 def _generation_of(job_json: str) -> Generation:
