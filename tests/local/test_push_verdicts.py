@@ -17,9 +17,9 @@ from safetensors.torch import save_file
 from hypha.accelerate_executor.bridge.action_client import ActionBridgeClient
 from hypha.accelerate_executor.protocol.actions.messages import JOINED, SendUpdate, batch_completed
 from hypha.accelerate_executor.protocol.actions.messages import sent_update as sent_update_status
+from hypha.standin.actions.scheduler import peers
 from hypha.standin.coordinator.report import judge
 from hypha.standin.errors import BackendError
-from hypha.standin.scheduler.action_scheduler import peers
 
 BATCH = 8
 

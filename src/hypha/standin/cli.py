@@ -277,7 +277,7 @@ def _hub_standin() -> bool:
 
 
 def _with_run_options(args: argparse.Namespace) -> int:
-    from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+    from hypha.standin.coordinator.server import Catalog, RunOptions, build_coordinator
 
     given = {
         "workers": args.workers,
@@ -325,7 +325,7 @@ def _with_run_options(args: argparse.Namespace) -> int:
     host, port = args.listen
     catalog = Catalog.from_assets(ensure_assets(args.assets, options.asset_spec()))
     try:
-        coordinator = Coordinator(
+        coordinator = build_coordinator(
             catalog, options, host=host, port=port, push_destination=_push_destination()
         )
     except OSError as exc:

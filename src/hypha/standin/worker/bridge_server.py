@@ -1,14 +1,21 @@
-"""One Job Bridge served on WORK_DIR/bridge.sock: what it does (bridge_core.JobBridge) and
-its HTTP face (bridge_http.py) on a Unix socket only its owner may connect to."""
+"""One Job Bridge served on WORK_DIR/bridge.sock: what it does (bridge_core.JobBridge and a
+generation's subclass) and its HTTP face (bridge_http.py and the generation's handler) on a
+Unix socket only its owner may connect to.
+
+`BridgeServer` is mixed in before a generation's bridge (alpha17/bridge_http.py,
+actions/bridge_http.py); worker/bridges.py names the one a worker serves for a job.
+"""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import ClassVar, Protocol
 
+from hypha.standin.backend import BridgeBackend
 from hypha.standin.serving import AcceptLoop
 from hypha.standin.worker.bridge_core import JobBridge
-from hypha.standin.worker.bridge_http import UnixHTTPServer
+from hypha.standin.worker.bridge_http import BridgeHandler, UnixHTTPServer
 
 SOCKET_NAME = "bridge.sock"
 
@@ -20,6 +27,12 @@ class BridgeServer(JobBridge):
     are chowned to it, as if a worker running as that user had made them.
     """
 
+    # The generation's routes.
+    handler: ClassVar[type[BridgeHandler]]
+    # Whether the worker of the releases that serve this bridge reports a job status
+    # (job_status.py), keeping the executor's stderr out of its own output.
+    reports_job_status: ClassVar[bool]
+
     _server: UnixHTTPServer | None = None
 
     @property
@@ -27,7 +40,7 @@ class BridgeServer(JobBridge):
         return self.work_dir / SOCKET_NAME
 
     def start(self) -> None:
-        server = UnixHTTPServer(str(self.socket_path), self)
+        server = UnixHTTPServer(str(self.socket_path), self, self.handler)
         try:
             server.server_bind()
             # Before listen() nobody can connect, so the socket is never reachable with a
@@ -62,3 +75,20 @@ class BridgeServer(JobBridge):
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class ServeBridge(Protocol):
+    """What a worker calls for a job's bridge: each generation's `serve_bridge`, which takes
+    of these what its bridge has."""
+
+    def __call__(
+        self,
+        work_dir: Path,
+        backend: BridgeBackend,
+        *,
+        owner: tuple[int, int] | None,
+        keepalive_s: float,
+        name: str,
+        job_id: str,
+        strict_receive: bool,
+    ) -> BridgeServer: ...

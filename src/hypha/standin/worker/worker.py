@@ -37,7 +37,7 @@ from hypha.standin.job_status import (
     Tail,
     job_status,
 )
-from hypha.standin.worker.bridge_server import BridgeServer
+from hypha.standin.worker.bridges import BRIDGES, generation_for
 from hypha.standin.worker.executor_entries import ExecutorEntry, substitute
 from hypha.standin.worker.faults import Fault, FaultPlan
 from hypha.standin.worker.stdout_echo import StdoutEcho
@@ -111,15 +111,14 @@ class LocalWorker:
     def run(self, job_json: str, backend: BridgeBackend) -> JobResult:
         """Runs the job's executor to its end and cleans up after it."""
         work_dir = make_work_dir(self.work_base, self.owner)
-        generation = self.generation or _generation_of(job_json)
+        generation = self.generation or generation_for(job_json)
         try:
-            bridge = BridgeServer(
+            bridge = BRIDGES[generation](
                 work_dir,
                 backend,
                 owner=self.owner,
                 keepalive_s=self.keepalive_s,
                 name=f"{self.name} bridge",
-                generation=generation,
                 job_id=str(json.loads(job_json)["job_id"]),
                 strict_receive=self.strict_receive,
             )
@@ -132,7 +131,7 @@ class LocalWorker:
                 ) from None
             try:
                 exit_code, status = self._run_executor(
-                    work_dir, bridge.socket_path, job_json, generation == "actions"
+                    work_dir, bridge.socket_path, job_json, bridge.reports_job_status
                 )
             finally:
                 bridge.stop()
@@ -287,8 +286,3 @@ def _telemetry_configured(env: dict[str, str]) -> bool:
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return False
     return any(env.get(name) for name in OTLP_ENDPOINT_VARIABLES)
-
-
-def _generation_of(job_json: str) -> Generation:
-    config = json.loads(job_json)["executor"]["config"]
-    return "alpha17" if "updates" in config else "actions"
