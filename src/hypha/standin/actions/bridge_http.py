@@ -20,7 +20,7 @@ from hypha.standin.backend import BridgeBackend
 from hypha.standin.console import say
 from hypha.standin.worker.axum_body import deserialized, shaped
 from hypha.standin.worker.bridge_http import BridgeHandler
-from hypha.standin.worker.bridge_server import BridgeServer
+from hypha.standin.worker.bridge_server import BridgeServer, WorkerSettings
 from hypha.standin.worker.faults import Fault
 
 
@@ -60,24 +60,16 @@ class ActionBridgeServer(BridgeServer, ActionBridge):
     # and reports its tail in the job's status.
     reports_job_status = True
 
-
-def serve_bridge(
-    work_dir: Path,
-    backend: BridgeBackend,
-    *,
-    owner: tuple[int, int] | None,
-    keepalive_s: float,
-    name: str,
-    job_id: str,
-    strict_receive: bool,
-) -> ActionBridgeServer:
-    """The bridge a worker serves for an action-era job."""
-    return ActionBridgeServer(
-        work_dir,
-        backend,
-        owner=owner,
-        keepalive_s=keepalive_s,
-        name=name,
-        job_id=job_id,
-        strict_receive=strict_receive,
-    )
+    @classmethod
+    def for_worker(
+        cls, work_dir: Path, backend: BridgeBackend, settings: WorkerSettings
+    ) -> ActionBridgeServer:
+        return cls(
+            work_dir,
+            backend,
+            owner=settings.owner,
+            keepalive_s=settings.keepalive_s,
+            name=settings.name,
+            job_id=settings.job_id,
+            strict_receive=settings.strict_receive,
+        )

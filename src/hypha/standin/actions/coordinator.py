@@ -7,7 +7,6 @@ worker's global model compared after as many aggregates.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -49,25 +48,16 @@ class ActionCoordinator(CoordinatorCore):
     PLAYS = "the action protocol"
     COMPRESSED_SLICES = True
     WEIGHTED_MEAN = True
+    build_job = staticmethod(job_spec)
 
-    def __init__(
-        self,
-        catalog: Catalog,
-        options: RunOptions,
-        *,
-        name: str = "coordinator",
-        clock: Callable[[], float] = time.monotonic,
-        push_destination: tuple[str, str] | None = None,
-    ) -> None:
-        """`push_destination` (repository, token) is the job's `model_destination`, which
-        the scheduler pushes the final model to."""
-        super().__init__(catalog, options, name=name, clock=clock)
+    def __init__(self, catalog: Catalog, options: RunOptions, **core: Any) -> None:
+        super().__init__(catalog, options, **core)
         self.actions = ActionScheduler(
             options.target_samples,
             options.rounds,
             self.parameter_server_peer,
-            clock,
-            push_destination=push_destination,
+            self.clock,
+            push_destination=self.push_destination,
         )
         # The peers the update being broadcast has yet to reach: the broadcast is over, and
         # the next round starts, once each bridge has taken the push (upstream's order) or
@@ -85,11 +75,6 @@ class ActionCoordinator(CoordinatorCore):
                 timeout_s,
             )
             return self.actions.round >= index
-
-    def job_spec(self, job_id: str) -> dict[str, Any]:
-        return job_spec(
-            job_id, self.options, self.catalog, self.scheduler_peer, self.parameter_server_peer
-        )
 
     # The core's hooks.
 

@@ -21,7 +21,7 @@ from hypha.standin.backend import BridgeBackend
 from hypha.standin.console import say
 from hypha.standin.worker.axum_body import deserialized, shaped
 from hypha.standin.worker.bridge_http import BridgeHandler
-from hypha.standin.worker.bridge_server import BridgeServer
+from hypha.standin.worker.bridge_server import BridgeServer, WorkerSettings
 from hypha.standin.worker.faults import Fault
 
 
@@ -90,18 +90,16 @@ class Alpha17BridgeServer(BridgeServer, Alpha17Bridge):
     handler = Alpha17Handler
     reports_job_status = False  # alpha.17's worker prints the executor's stderr
 
-
-def serve_bridge(
-    work_dir: Path,
-    backend: BridgeBackend,
-    *,
-    owner: tuple[int, int] | None,
-    keepalive_s: float,
-    name: str,
-    job_id: str,
-    strict_receive: bool,
-) -> Alpha17BridgeServer:
-    """The bridge a worker serves for an alpha.17 job. Its routes name no job, and its one
-    receive stream has no receives to be strict about: `job_id` and `strict_receive` are the
-    action protocol's."""
-    return Alpha17BridgeServer(work_dir, backend, owner=owner, keepalive_s=keepalive_s, name=name)
+    @classmethod
+    def for_worker(
+        cls, work_dir: Path, backend: BridgeBackend, settings: WorkerSettings
+    ) -> Alpha17BridgeServer:
+        """Its routes name no job, and its one receive stream has no receives to be strict
+        about: the job id and `strict_receive` are the action protocol's."""
+        return cls(
+            work_dir,
+            backend,
+            owner=settings.owner,
+            keepalive_s=settings.keepalive_s,
+            name=settings.name,
+        )

@@ -7,7 +7,6 @@ Every running worker's update is waited for, and a push goes to the parameter se
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -61,25 +60,11 @@ class Alpha17Coordinator(CoordinatorCore):
     PLAYS = "alpha.17"
     COMPRESSED_SLICES = False
     WEIGHTED_MEAN = False
+    build_job = staticmethod(job_spec)
 
-    def __init__(
-        self,
-        catalog: Catalog,
-        options: RunOptions,
-        *,
-        name: str = "coordinator",
-        clock: Callable[[], float] = time.monotonic,
-        push_destination: tuple[str, str] | None = None,
-    ) -> None:
-        """`push_destination` is taken as every generation's coordinator takes it, and
-        unused: alpha.17's scheduler never has the final model pushed."""
-        super().__init__(catalog, options, name=name, clock=clock)
-        self.scheduler = BatchScheduler(options.target_samples, options.rounds, clock)
-
-    def job_spec(self, job_id: str) -> dict[str, Any]:
-        return job_spec(
-            job_id, self.options, self.catalog, self.scheduler_peer, self.parameter_server_peer
-        )
+    def __init__(self, catalog: Catalog, options: RunOptions, **core: Any) -> None:
+        super().__init__(catalog, options, **core)
+        self.scheduler = BatchScheduler(options.target_samples, options.rounds, self.clock)
 
     def _joined(self, record: WorkerRecord) -> None:
         self.scheduler.add_worker(record.peer_id, self.options.batch_size)

@@ -51,12 +51,16 @@ class CoordinatorCore(ABC):
         *,
         name: str = "coordinator",
         clock: Callable[[], float] = time.monotonic,
+        push_destination: tuple[str, str] | None = None,
     ) -> None:
-        """`clock` (seconds) times the statuses the scheduler projects from."""
+        """`clock` (seconds) times the statuses the scheduler projects from;
+        `push_destination` (repository, token) is the job's `model_destination`, where a
+        generation whose scheduler has the final model pushed sends it."""
         self.catalog = catalog
         self.options = options
         self.name = name
         self.clock = clock
+        self.push_destination = push_destination
         self.scheduler_peer = new_peer_id()
         self.parameter_server_peer = new_peer_id()
         self.started_at = time.time()
@@ -86,9 +90,23 @@ class CoordinatorCore(ABC):
 
     # The generation's part.
 
+    @staticmethod
     @abstractmethod
+    def build_job(
+        job_id: str,
+        options: RunOptions,
+        catalog: Catalog,
+        scheduler_peer: str,
+        parameter_server: str,
+    ) -> dict[str, Any]:
+        """The job JSON one worker gets, as the generation's scheduler sends it; static, so
+        that a job spec can be built without a run (generations.job_spec)."""
+
     def job_spec(self, job_id: str) -> dict[str, Any]:
-        """The job JSON one worker gets, as the generation's scheduler sends it."""
+        """The job JSON one worker gets."""
+        return self.build_job(
+            job_id, self.options, self.catalog, self.scheduler_peer, self.parameter_server_peer
+        )
 
     @abstractmethod
     def _joined(self, record: WorkerRecord) -> None:

@@ -14,7 +14,7 @@ from hypha.accelerate_executor.protocol.generation import Generation
 from hypha.standin.coordinator.core import CoordinatorCore, InProcessBackend
 from hypha.standin.coordinator.http_api import CoordinatorServer
 from hypha.standin.data_service.service import Catalog
-from hypha.standin.generations import PLAYED
+from hypha.standin.generations import COORDINATORS
 from hypha.standin.jobs import RunOptions
 
 __all__ = [
@@ -78,5 +78,5 @@ def build_coordinator(catalog: Catalog, options: RunOptions, **served: Any) -> C
 def coordinator_class(generation: Generation) -> type[Coordinator]:
     """The generation's coordinator class with the TCP face mixed in, made once: so that a
     generation needs no served class of its own, and retiring one leaves none behind."""
-    core = PLAYED[generation].core
+    core = COORDINATORS[generation]
     return cast(type[Coordinator], type(f"Served{core.__name__}", (Coordinator, core), {}))

@@ -9,8 +9,10 @@ actions/bridge_http.py); worker/bridges.py names the one a worker serves for a j
 from __future__ import annotations
 
 import os
+from abc import abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Protocol
+from typing import ClassVar
 
 from hypha.standin.backend import BridgeBackend
 from hypha.standin.serving import AcceptLoop
@@ -18,6 +20,19 @@ from hypha.standin.worker.bridge_core import JobBridge
 from hypha.standin.worker.bridge_http import BridgeHandler, UnixHTTPServer
 
 SOCKET_NAME = "bridge.sock"
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """What a worker asks of the bridge it serves for a job; each generation's bridge takes
+    of it what it has (`BridgeServer.for_worker`)."""
+
+    owner: tuple[int, int] | None
+    keepalive_s: float
+    name: str
+    job_id: str
+    # The action protocol's: whether a push no open receive takes is refused, as upstream's.
+    strict_receive: bool
 
 
 class BridgeServer(JobBridge):
@@ -34,6 +49,13 @@ class BridgeServer(JobBridge):
     reports_job_status: ClassVar[bool]
 
     _server: UnixHTTPServer | None = None
+
+    @classmethod
+    @abstractmethod
+    def for_worker(
+        cls, work_dir: Path, backend: BridgeBackend, settings: WorkerSettings
+    ) -> BridgeServer:
+        """The bridge a worker serves for one job in `work_dir`."""
 
     @property
     def socket_path(self) -> Path:
@@ -75,20 +97,3 @@ class BridgeServer(JobBridge):
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-class ServeBridge(Protocol):
-    """What a worker calls for a job's bridge: each generation's `serve_bridge`, which takes
-    of these what its bridge has."""
-
-    def __call__(
-        self,
-        work_dir: Path,
-        backend: BridgeBackend,
-        *,
-        owner: tuple[int, int] | None,
-        keepalive_s: float,
-        name: str,
-        job_id: str,
-        strict_receive: bool,
-    ) -> BridgeServer: ...

@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 
 from hypha.accelerate_executor.protocol.generation import Generation
-from hypha.standin.actions.bridge_http import serve_bridge as serve_action_bridge
-from hypha.standin.alpha17.bridge_http import serve_bridge as serve_alpha17_bridge
-from hypha.standin.worker.bridge_server import ServeBridge
+from hypha.standin.actions.bridge_http import ActionBridgeServer
+from hypha.standin.alpha17.bridge_http import Alpha17BridgeServer
+from hypha.standin.worker.bridge_server import BridgeServer
 
-BRIDGES: dict[Generation, ServeBridge] = {
-    "alpha17": serve_alpha17_bridge,
-    "actions": serve_action_bridge,
+BRIDGES: dict[Generation, type[BridgeServer]] = {
+    "alpha17": Alpha17BridgeServer,
+    "actions": ActionBridgeServer,
 }
 
 

@@ -37,6 +37,7 @@ from hypha.standin.job_status import (
     Tail,
     job_status,
 )
+from hypha.standin.worker.bridge_server import WorkerSettings
 from hypha.standin.worker.bridges import BRIDGES, generation_for
 from hypha.standin.worker.executor_entries import ExecutorEntry, substitute
 from hypha.standin.worker.faults import Fault, FaultPlan
@@ -113,15 +114,14 @@ class LocalWorker:
         work_dir = make_work_dir(self.work_base, self.owner)
         generation = self.generation or generation_for(job_json)
         try:
-            bridge = BRIDGES[generation](
-                work_dir,
-                backend,
+            settings = WorkerSettings(
                 owner=self.owner,
                 keepalive_s=self.keepalive_s,
                 name=f"{self.name} bridge",
                 job_id=str(json.loads(job_json)["job_id"]),
                 strict_receive=self.strict_receive,
             )
+            bridge = BRIDGES[generation].for_worker(work_dir, backend, settings)
             bridge.faults = FaultPlan(self.faults)
             try:
                 bridge.start()
