@@ -49,7 +49,7 @@ from hypha.accelerate_executor.protocol.actions.messages import (
     action_response,
 )
 from hypha.standin.actions.bridge_http import ActionBridgeServer
-from hypha.standin.coordinator.core import InProcessBackend
+from hypha.standin.coordinator.in_process import InProcessBackend
 from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions, build_coordinator
 from hypha.standin.data_service.assets import ensure_assets
 

@@ -44,7 +44,7 @@ from hypha.standin.actions.bridge_http import ActionBridgeServer
 from hypha.standin.actions.scheduler import peers
 from hypha.standin.alpha17.bridge_http import Alpha17BridgeServer
 from hypha.standin.backend import Push
-from hypha.standin.coordinator.core import InProcessBackend
+from hypha.standin.coordinator.in_process import InProcessBackend
 from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions, build_coordinator
 from hypha.standin.data_service.assets import ensure_assets
 from hypha.standin.demo import run_demo

@@ -7,7 +7,7 @@ run (records.py). What a generation adds (its scheduler, its job spec, how its r
 is a subclass of its own, alpha17/coordinator.py or actions/coordinator.py, reached through
 the hooks below; generations.py names which is built. Workers' bridges reach it over TCP
 (server.py serves its HTTP face, http_api.py, which client.py calls), or by direct calls when
-they run in this process (InProcessBackend).
+they run in this process (in_process.py).
 """
 
 from __future__ import annotations
@@ -16,17 +16,17 @@ import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, BinaryIO, ClassVar
+from typing import Any, ClassVar
 
-from hypha.standin.backend import ERROR_KINDS, Push, RemoteFile
+from hypha.standin.backend import Push
 from hypha.standin.console import say, warn
+from hypha.standin.coordinator.in_process import InProcessBackend
 from hypha.standin.coordinator.records import WorkerRecord
 from hypha.standin.data_service.service import Catalog, DataService
-from hypha.standin.errors import BackendError, CoordinatorRefusal
+from hypha.standin.errors import CoordinatorRefusal
 from hypha.standin.job_status import last_line
 from hypha.standin.jobs import RunOptions, new_peer_id
 from hypha.standin.parameter_server.aggregation import Aggregation
@@ -359,75 +359,3 @@ class CoordinatorCore(ABC):
                 "slice_passes": self.data.slices.passes,
                 "workers": {r.name: r.summary() for r in self.workers.values()},
             }
-
-
-@contextmanager
-def _as_backend_error() -> Iterator[None]:
-    """The coordinator's refusals as the bridge sees them over TCP (client.py)."""
-    try:
-        yield
-    except CoordinatorRefusal as exc:
-        kind = exc.kind if exc.kind in ERROR_KINDS else "connector_error"
-        raise BackendError(kind, exc.detail) from None
-    except (ValueError, KeyError, TypeError) as exc:
-        raise BackendError("connector_error", f"malformed request: {exc}") from None
-
-
-def _unreadable(path: Path, exc: OSError) -> BackendError:
-    return BackendError("connector_error", f"cannot read {path.name}: {exc.strerror}")
-
-
-class InProcessBackend:
-    """One job's bridge backend when the worker runs in the coordinator's process: the
-    calls the TCP API makes, without the HTTP hop.
-
-    A Hypha scheduler runs on another machine. Its stand-in runs on the executor's cores,
-    and over TCP it cost them about three times what the bridge itself costs per `status`
-    (an HTTP client in the bridge, an HTTP server here, two more thread wake-ups).
-    """
-
-    def __init__(self, coordinator: CoordinatorCore, job_id: str) -> None:
-        self._coordinator = coordinator
-        self._job_id = job_id
-
-    def fetch(self, reference: dict[str, Any]) -> list[RemoteFile]:
-        with _as_backend_error():
-            files = self._coordinator.fetch(self._job_id, reference)
-        return [RemoteFile(name=item["name"], blob=item["blob"]) for item in files]
-
-    def download(self, blob: str, out: BinaryIO) -> None:
-        with _as_backend_error():
-            path = self._coordinator.blob_path(blob)
-        try:
-            source = path.open("rb")
-        except OSError as exc:
-            raise _unreadable(path, exc) from None
-        with source:
-            while True:
-                try:
-                    chunk = source.read(1 << 20)
-                except OSError as exc:
-                    raise _unreadable(path, exc) from None
-                if not chunk:
-                    return
-                out.write(chunk)  # a local write failure is the bridge's io_error
-
-    def send(self, peer: str, data: bytes) -> None:
-        with _as_backend_error():
-            self._coordinator.push(self._job_id, peer, data)
-
-    def status(self, progress: Any) -> dict[str, Any]:
-        with _as_backend_error():
-            return self._coordinator.status(self._job_id, progress)
-
-    def next_push(self, after: int, wait_s: float) -> Push | None:
-        with _as_backend_error():
-            return self._coordinator.next_push(self._job_id, after, wait_s)
-
-    def settle_push(self, seq: int, taken: bool) -> None:
-        with _as_backend_error():
-            self._coordinator.settle_push(self._job_id, seq, taken)
-
-    def action(self, request: dict[str, Any]) -> dict[str, Any]:
-        with _as_backend_error():
-            return self._coordinator.action(self._job_id, request)

@@ -11,8 +11,9 @@ from functools import cache
 from typing import Any, cast
 
 from hypha.accelerate_executor.protocol.generation import Generation
-from hypha.standin.coordinator.core import CoordinatorCore, InProcessBackend
+from hypha.standin.coordinator.core import CoordinatorCore
 from hypha.standin.coordinator.http_api import CoordinatorServer
+from hypha.standin.coordinator.in_process import InProcessBackend
 from hypha.standin.data_service.service import Catalog
 from hypha.standin.generations import COORDINATORS
 from hypha.standin.jobs import RunOptions
