@@ -17,6 +17,7 @@ from types import FrameType
 
 from hypha.accelerate_executor.entry import OneLineArgumentParser, run_main
 from hypha.accelerate_executor.errors import EXIT_FAILED, EXIT_OK, UsageError
+from hypha.accelerate_executor.protocol.generation import GENERATIONS
 from hypha.standin.console import say
 from hypha.standin.errors import LocalError
 from hypha.standin.jobs import JOB_KINDS, LR_SCHEDULES, LrSchedule
@@ -71,7 +72,7 @@ def _run_options_parser() -> OneLineArgumentParser:
     run.add_argument("--workers", type=int, default=2, help="number of workers (default 2)")
     run.add_argument(
         "--generation",
-        choices=["alpha17", "actions"],
+        choices=GENERATIONS,
         default=os.environ.get("HYPHA_LOCAL_GENERATION") or "actions",
         help="the Hypha side to play: actions (the action protocol of the releases after "
         "v1.0.0-alpha.17, default) or alpha17 (the statuses of v1.0.0-alpha.17 and earlier); "

@@ -106,7 +106,7 @@ class JobBridge(ABC):
     # the answer.
 
     def fetch(self, reference: dict[str, Any], truncated: bool = False) -> list[dict[str, Any]]:
-        """`reference`: a Reference as serde decodes it (protocol/alpha17/messages.BODY_REFERENCE).
+        """`reference`: a Reference as serde decodes it (the handler's `fetch_reference`).
         `truncated`: each file cut to its first half, as a download that broke off leaves
         it in upstream's cache, which hands it out unchecked."""
         kind = reference["type"]
