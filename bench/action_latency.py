@@ -48,10 +48,10 @@ from hypha.accelerate_executor.protocol.actions.messages import (
     Terminate,
     action_response,
 )
-from hypha.standin.coordinator.core import InProcessBackend
-from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+from hypha.standin.actions.bridge_http import ActionBridgeServer
+from hypha.standin.coordinator.in_process import InProcessBackend
+from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions, build_coordinator
 from hypha.standin.data_service.assets import ensure_assets
-from hypha.standin.worker.bridge_server import BridgeServer
 
 EXECUTOR = [sys.executable, "-m", "hypha.accelerate_executor.training"]
 MODES = ("on", "off", "auto")  # --speculative-step
@@ -83,7 +83,7 @@ class LateScheduler(InProcessBackend):
 
 def one_run(catalog: Catalog, mode: str, delay_ms: int, batches: int, work: Path) -> float:
     """Samples/s of one executor run after its warm-up."""
-    coordinator = Coordinator(catalog, RunOptions(workers=1, generation="actions"))
+    coordinator = build_coordinator(catalog, RunOptions(workers=1, generation="actions"))
     job_json = json.dumps(coordinator.assign_job("w1"))
     job_id = json.loads(job_json)["job_id"]
     scheduler = LateScheduler(coordinator, job_id, batches + WARMUP_BATCHES, delay_ms / 1e3)
@@ -94,7 +94,7 @@ def one_run(catalog: Catalog, mode: str, delay_ms: int, batches: int, work: Path
         "HYPHA_SPECULATIVE_STEP": mode,
         "OMP_NUM_THREADS": "1",
     }
-    with BridgeServer(work, scheduler, generation="actions", job_id=job_id) as bridge:
+    with ActionBridgeServer(work, scheduler, job_id=job_id) as bridge:
         done = subprocess.run(
             [*EXECUTOR, "--socket", str(bridge.socket_path), "--work-dir", str(work)],
             env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,

@@ -200,14 +200,14 @@ def one_job(path: str, assets: Path | None) -> int:
     if path in RACE_PATHS:
         return race(RACE_PATHS[path])
     from hypha.standin.coordinator.client import CoordinatorClient
-    from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+    from hypha.standin.coordinator.server import Catalog, RunOptions, build_coordinator
     from hypha.standin.data_service.assets import ensure_assets
     from hypha.standin.worker.worker import LocalWorker, serve_one_job
 
     options = RunOptions(
         workers=1, rounds=ROUNDS, steps_per_round=STEPS_PER_ROUND, generation="alpha17"
     )
-    coordinator = Coordinator(Catalog.from_assets(ensure_assets(assets)), options)
+    coordinator = build_coordinator(Catalog.from_assets(ensure_assets(assets)), options)
     coordinator.start()
     # Short (a socket path must fit 107 bytes) and traversable by the container's uid.
     with tempfile.TemporaryDirectory(prefix="hy-exit-", dir="/tmp") as folder:

@@ -36,7 +36,7 @@ if __name__ == "__main__" and not __package__:
 from bench.errors import BenchError
 from hypha.accelerate_executor import __version__
 from hypha.standin.coordinator.client import CoordinatorClient
-from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+from hypha.standin.coordinator.server import Catalog, RunOptions, build_coordinator
 from hypha.standin.data_service.assets import ensure_assets
 from hypha.standin.worker.executor_entries import EXECUTOR_ARGS, ExecutorEntry, preset
 from hypha.standin.worker.worker import LocalWorker, serve_one_job
@@ -97,7 +97,7 @@ def container_entry(image: str, owner: tuple[int, int] | None) -> ExecutorEntry:
 def run_job(
     entry: ExecutorEntry, owner: tuple[int, int] | None, options: RunOptions, work_base: Path
 ) -> JobTiming:
-    coordinator = Coordinator(Catalog.from_assets(ensure_assets()), options)
+    coordinator = build_coordinator(Catalog.from_assets(ensure_assets()), options)
     coordinator.start()
     try:
         worker = LocalWorker("bench", entry, work_base, owner=owner)

@@ -37,10 +37,10 @@ from bench.errors import BenchError
 from bench.models import Shape, parameter_count
 from bench.timing import CpuSampler
 from hypha.accelerate_executor.protocol.alpha17.job import parse_job
-from hypha.accelerate_executor.tools.selftest.runs import bare_loop, training_device
 from hypha.accelerate_executor.training.modeling import load_model
+from hypha.selftest.runs import bare_loop, training_device
 from hypha.standin.coordinator.client import CoordinatorClient
-from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions, build_coordinator
 from hypha.standin.data_service.assets import ensure_assets
 from hypha.standin.demo import supervise
 from hypha.standin.worker.executor_entries import preset
@@ -138,7 +138,9 @@ def measure(
     options = RunOptions(
         workers=1, rounds=rounds, steps_per_round=steps_per_round, generation="alpha17"
     )
-    with Coordinator(Catalog.from_assets(assets), options, name="bench-coordinator") as coordinator:
+    with build_coordinator(
+        Catalog.from_assets(assets), options, name="bench-coordinator"
+    ) as coordinator:
         job = parse_job(json.dumps(coordinator.job_spec(str(uuid.uuid4()))))
         before = bare_loop(job, assets, steps_per_round, rounds, mixed_precision)
         record, stand_in_cpu_s = executor_run(coordinator, work_base, timeout_s, mixed_precision)

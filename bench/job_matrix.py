@@ -29,7 +29,7 @@ from typing import Any
 
 from hypha.standin.coordinator.client import CoordinatorClient
 from hypha.standin.coordinator.report import round_losses
-from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+from hypha.standin.coordinator.server import Catalog, RunOptions, build_coordinator
 from hypha.standin.data_service.assets import ensure_assets
 from hypha.standin.worker.executor_entries import EXECUTOR_ARGS, ExecutorEntry, preset
 from hypha.standin.worker.worker import LocalWorker, serve_one_job
@@ -108,7 +108,7 @@ def run_cell(generation: str, job: str, ranks: str, rounds: int, root: Path) -> 
         )
         catalog = Catalog.from_assets(ensure_assets(root / "assets", options.asset_spec()))
     codes: list[int | None] = [None]
-    with Coordinator(catalog, options) as coordinator:
+    with build_coordinator(catalog, options) as coordinator:
         client = TaskClient(coordinator.url, case) if case else CoordinatorClient(coordinator.url)
         worker = LocalWorker("w1", executor(ranks, job == "lenet"), root / "work")
 

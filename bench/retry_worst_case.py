@@ -19,8 +19,8 @@ from typing import Any
 from hypha.accelerate_executor.bridge.retry import DEFAULT_POLICY, BridgeRetriesExhausted
 from hypha.accelerate_executor.protocol.actions.messages import JOINED
 from hypha.accelerate_executor.training.actions.bridge import ActionBridgeClient
+from hypha.standin.actions.bridge_http import ActionBridgeServer
 from hypha.standin.backend import Push
-from hypha.standin.worker.bridge_server import BridgeServer
 from hypha.standin.worker.faults import FaultPlan, parse_fault
 
 
@@ -37,7 +37,7 @@ class Unreachable:
 
 def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="hy-", dir="/tmp"))
-    bridge = BridgeServer(work, Unreachable(), generation="actions", job_id="j")
+    bridge = ActionBridgeServer(work, Unreachable(), job_id="j")
     bridge.faults = FaultPlan((parse_fault("/action/update=500:network_error:1000000"),))
     with bridge:
         client = ActionBridgeClient(bridge.socket_path, work, "j")

@@ -45,7 +45,7 @@ from typing import Any, ClassVar
 
 from bench.errors import BenchError
 from bench.status_delay import serve_delayed
-from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+from hypha.standin.coordinator.server import Catalog, RunOptions, build_coordinator
 from hypha.standin.data_service.assets import (
     AssetKind,
     AssetSpec,
@@ -273,7 +273,9 @@ def one_run(
     assets = ensure_assets(spec=spec)
     echoed = io.StringIO()
     with (
-        Coordinator(Catalog.from_assets(assets), options, name="bench-coordinator") as coordinator,
+        build_coordinator(
+            Catalog.from_assets(assets), options, name="bench-coordinator"
+        ) as coordinator,
         contextlib.redirect_stdout(_Tee(echoed, sys.stderr)),
     ):
         workers = [

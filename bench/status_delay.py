@@ -23,9 +23,9 @@ from typing import Any
 
 from bench.errors import BenchError
 from bench.models import Shape
-from hypha.accelerate_executor.tools.selftest.runs import LateAnswers
+from hypha.selftest.runs import LateAnswers
 from hypha.standin.coordinator.client import CoordinatorClient
-from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions, build_coordinator
 from hypha.standin.data_service.assets import ensure_assets
 from hypha.standin.demo import supervise
 from hypha.standin.worker.executor_entries import preset
@@ -69,7 +69,9 @@ def one_run(
 ) -> tuple[float, int]:
     """The executor's median samples/s over rounds 2.. and its total overshoot."""
     assets = ensure_assets(spec=shape.asset_spec())
-    with Coordinator(Catalog.from_assets(assets), options, name="bench-coordinator") as coordinator:
+    with build_coordinator(
+        Catalog.from_assets(assets), options, name="bench-coordinator"
+    ) as coordinator:
         # One torch thread: on a loaded machine, two would spin against the others' work,
         # and the ratio would measure the machine instead of the executor.
         worker = LocalWorker(

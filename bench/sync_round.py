@@ -46,9 +46,10 @@ from hypha.accelerate_executor.training.alpha17.bridge import Alpha17Bridge
 from hypha.accelerate_executor.training.alpha17.synchroniser import PARTS as SYNC_PARTS
 from hypha.accelerate_executor.training.alpha17.synchroniser import Synchroniser
 from hypha.accelerate_executor.training.distributed import ModelWeights, canonical_names
-from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+from hypha.standin.alpha17.bridge_http import Alpha17BridgeServer as BridgeServer
+from hypha.standin.coordinator.server import Catalog, RunOptions, build_coordinator
 from hypha.standin.data_service.assets import ensure_assets
-from hypha.standin.worker.bridge_server import SOCKET_NAME, BridgeServer
+from hypha.standin.worker.bridge_server import SOCKET_NAME
 
 # The executor's parts of a round (sync.PARTS), less the wait for the parameter server.
 PARTS = tuple(part for part in SYNC_PARTS if part != "wait")
@@ -122,7 +123,7 @@ def serve_hypha_side(work_dir: str, rounds: int, connection: Connection) -> None
         # One worker, one batch per round, ScheduleUpdate{0} at once: nothing but the sync.
         options = RunOptions(workers=1, rounds=rounds, steps_per_round=1, generation="alpha17")
         catalog = Catalog.from_assets(ensure_assets())  # it must have data; none is fetched
-        with Coordinator(catalog, options, name="bench-coordinator") as coordinator:
+        with build_coordinator(catalog, options, name="bench-coordinator") as coordinator:
             job = coordinator.assign_job("bench-worker")
             backend = coordinator.backend(job["job_id"])  # as in the inner-loop bench
             with BridgeServer(Path(work_dir), backend, name="bench-bridge"):

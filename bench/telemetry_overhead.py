@@ -24,7 +24,7 @@ from pathlib import Path
 from bench.errors import BenchError
 from bench.status_delay import median_samples_per_s
 from hypha.standin.coordinator.client import CoordinatorClient
-from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+from hypha.standin.coordinator.server import Catalog, RunOptions, build_coordinator
 from hypha.standin.data_service.assets import ensure_assets
 from hypha.standin.demo import supervise
 from hypha.standin.otlp_receiver import Receiver
@@ -37,7 +37,7 @@ def one_run(options: RunOptions, work_base: Path, endpoint: str | None) -> float
     env = {"OMP_NUM_THREADS": "1"}
     if endpoint is not None:
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint
-    with Coordinator(Catalog.from_assets(ensure_assets()), options) as coordinator:
+    with build_coordinator(Catalog.from_assets(ensure_assets()), options) as coordinator:
         worker = LocalWorker("bench-worker", preset("process"), work_base, env=env)
         failures: list[BaseException] = []
 

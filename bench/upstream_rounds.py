@@ -53,8 +53,9 @@ if __name__ == "__main__" and not __package__:
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from bench.rounds import MODELS
+from hypha.standin.actions.coordinator import ActionCoordinator
 from hypha.standin.coordinator.client import CoordinatorClient, JobBackend
-from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+from hypha.standin.coordinator.server import Catalog, RunOptions, build_coordinator
 from hypha.standin.data_service.assets import ensure_assets
 from hypha.standin.worker.executor_entries import EXECUTOR_ARGS, ExecutorEntry, preset
 from hypha.standin.worker.worker import LocalWorker, serve_one_job
@@ -90,7 +91,9 @@ class Tally:
 class Noted:
     """A job's way to the coordinator whose answers come `delay_s` late, noting each."""
 
-    def __init__(self, backend: JobBackend, coordinator: Coordinator, tally: Tally, delay_s: float):
+    def __init__(
+        self, backend: JobBackend, coordinator: ActionCoordinator, tally: Tally, delay_s: float
+    ):
         self._backend, self._coordinator = backend, coordinator
         self._tally, self._delay_s = tally, delay_s
 
@@ -106,7 +109,6 @@ class Noted:
             # Absent (upstream's executor): one batch, as the scheduler counts it.
             tally.counted += details["batch_size"] * details.get("batches", 1)
         elif state == "sent-update":
-            assert self._coordinator.actions is not None
             scheduler_round = self._coordinator.actions.round
             own = int(details["round"]) - int(tally.upstream)  # upstream's counts from 1
             tally.sends.append((time.monotonic(), scheduler_round, own))
@@ -144,7 +146,8 @@ def one_run(
     env = {"OMP_NUM_THREADS": threads, "HYPHA_SPECULATIVE_STEP": speculative}
     entry = upstream_entry(upstream) if upstream else preset("process")
     started = time.monotonic()
-    with Coordinator(catalog, options) as coordinator:
+    with build_coordinator(catalog, options) as coordinator:
+        assert isinstance(coordinator, ActionCoordinator)  # the bench plays the action protocol
         client = CoordinatorClient(coordinator.url)
         codes: dict[str, int] = {}
 
@@ -164,7 +167,7 @@ def one_run(
             thread.start()
         for thread in running:
             thread.join(900)
-        rounds = coordinator.actions.round if coordinator.actions else 0
+        rounds = coordinator.actions.round
     sends = sorted(t for tally in tallies.values() for t in tally.sends)
     ends = [max(t for t, r, _ in sends if r == index) for index in range(rounds) if sends]
     begun = min((t.first_at for t in tallies.values() if t.first_at), default=started)

@@ -41,13 +41,14 @@ from hypha.accelerate_executor.protocol.actions.messages import (
 from hypha.accelerate_executor.protocol.messages import wire
 from hypha.accelerate_executor.training.actions.bridge import ActionBridgeClient
 from hypha.accelerate_executor.training.diloco import GlobalWeights
+from hypha.standin.actions.bridge_http import ActionBridgeServer
+from hypha.standin.actions.scheduler import peers
+from hypha.standin.alpha17.bridge_http import Alpha17BridgeServer
 from hypha.standin.backend import Push
-from hypha.standin.coordinator.core import InProcessBackend
-from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+from hypha.standin.coordinator.in_process import InProcessBackend
+from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions, build_coordinator
 from hypha.standin.data_service.assets import ensure_assets
 from hypha.standin.demo import run_demo
-from hypha.standin.scheduler.action_scheduler import peers
-from hypha.standin.worker.bridge_server import BridgeServer
 from hypha.standin.worker.executor_entries import preset
 
 EXECUTOR = [sys.executable, "-m", "hypha.accelerate_executor.training"]
@@ -137,7 +138,7 @@ def until(condition: Any, seconds: float = 120) -> None:
         time.sleep(0.05)
 
 
-def push_once_receiving(bridge: BridgeServer, backend: ScriptedBackend, data: bytes) -> None:
+def push_once_receiving(bridge: ActionBridgeServer, backend: ScriptedBackend, data: bytes) -> None:
     """Pushes `data` once a receive is open, on a thread: the bridge is strict."""
 
     def push() -> None:
@@ -150,16 +151,14 @@ def push_once_receiving(bridge: BridgeServer, backend: ScriptedBackend, data: by
 @contextmanager
 def action_bridge(
     assets_dir: Path, work_dir: Path, script: Any, strict_receive: bool = True
-) -> Iterator[tuple[str, BridgeServer, ScriptedBackend]]:
+) -> Iterator[tuple[str, ActionBridgeServer, ScriptedBackend]]:
     options = RunOptions(workers=1, rounds=50, generation="actions")
-    coordinator = Coordinator(Catalog.from_assets(ensure_assets(assets_dir)), options)
+    coordinator = build_coordinator(Catalog.from_assets(ensure_assets(assets_dir)), options)
     job_json = json.dumps(coordinator.assign_job("w1"))
     job_id = json.loads(job_json)["job_id"]
     backend = ScriptedBackend(coordinator, job_id, script)
     work_dir.mkdir()
-    bridge = BridgeServer(
-        work_dir, backend, generation="actions", job_id=job_id, strict_receive=strict_receive
-    )
+    bridge = ActionBridgeServer(work_dir, backend, job_id=job_id, strict_receive=strict_receive)
     bridge.start()
     try:
         yield job_json, bridge, backend
@@ -229,7 +228,7 @@ def test_the_probe_and_the_action_era_routes(assets_dir: Path, short_tmp: Path) 
         assert received is not None and received.path.read_bytes() == b"kept"
     alpha17 = short_tmp / "alpha17"
     alpha17.mkdir()
-    with BridgeServer(alpha17, backend) as old:
+    with Alpha17BridgeServer(alpha17, backend) as old:
         assert probe_generation(old.socket_path) == "alpha17"
 
 
@@ -239,7 +238,7 @@ def zero_update(assets_dir: Path) -> bytes:
     return save({name: torch.zeros_like(t) for name, t in load(model.read_bytes()).items()})
 
 
-def run_executor(job_json: str, bridge: BridgeServer) -> subprocess.Popen[str]:
+def run_executor(job_json: str, bridge: ActionBridgeServer) -> subprocess.Popen[str]:
     env = {**os.environ, "JOB_JSON": job_json}
     return subprocess.Popen(
         [*EXECUTOR, "--socket", str(bridge.socket_path), "--work-dir", str(bridge.work_dir)],
@@ -350,7 +349,7 @@ def test_two_workers_train_over_the_action_protocol_and_the_loss_falls(
 
 def test_the_coordinator_names_a_worker_whose_global_model_differs(assets_dir: Path) -> None:
     options = RunOptions(workers=2, rounds=2, generation="actions")
-    coordinator = Coordinator(Catalog.from_assets(ensure_assets(assets_dir)), options)
+    coordinator = build_coordinator(Catalog.from_assets(ensure_assets(assets_dir)), options)
     jobs = [json.loads(json.dumps(coordinator.assign_job(name)))["job_id"] for name in ("w1", "w2")]
     for job_id, digest in zip(jobs, (0xABCDEF, 0x123456), strict=True):
         status = sent_update(0, {"batches": 1.0, "weight": 0.5, "global_digest": float(digest)})

@@ -12,7 +12,7 @@ import pytest
 
 from hypha.standin.coordinator.client import CoordinatorClient
 from hypha.standin.coordinator.report import judge
-from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+from hypha.standin.coordinator.server import Catalog, RunOptions, build_coordinator
 from hypha.standin.data_service.assets import AssetSpec, build_model, ensure_assets
 from hypha.standin.worker.executor_entries import preset
 from hypha.standin.worker.worker import LocalWorker, serve_one_job
@@ -29,7 +29,7 @@ def test_a_late_joiner_starts_from_the_trained_model_and_tied_gpt2_merges(
     assert options.generation == "actions"  # the default
     catalog = Catalog.from_assets(ensure_assets(tmp_path / "assets", options.asset_spec()))
     threads = str(max(1, (os.cpu_count() or 1) // options.all_workers))
-    with Coordinator(catalog, options) as coordinator:
+    with build_coordinator(catalog, options) as coordinator:
         client = CoordinatorClient(coordinator.url)
         workers = [
             LocalWorker(f"w{i}", preset("process"), short_tmp, env={"OMP_NUM_THREADS": threads})

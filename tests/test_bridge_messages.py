@@ -57,7 +57,7 @@ from hypha.accelerate_executor.protocol.alpha17.messages import (
 from hypha.accelerate_executor.protocol.job import Strategy
 from hypha.accelerate_executor.protocol.messages import wire
 from hypha.accelerate_executor.protocol.serde_json import from_python
-from hypha.standin.scheduler.action_scheduler import peers
+from hypha.standin.actions.scheduler import peers
 
 JOB_ID = "0b7f3c52-9a1e-4c55-8d2a-3f6e1b9d4a10"
 PS = "12D3KooWJ6MBkbH3o7j2yhhDAF7gRxA4Zm5cpuEUr2Znp1VvNBw3"

@@ -23,10 +23,10 @@ from hypha.accelerate_executor.protocol.alpha17.job import parse_job
 from hypha.accelerate_executor.training.compiling import block_list
 from hypha.accelerate_executor.training.diloco import GlobalWeights
 from hypha.accelerate_executor.training.steps import MicroBatchedStep
+from hypha.standin.alpha17.bridge_http import Alpha17BridgeServer as BridgeServer
 from hypha.standin.coordinator.client import CoordinatorClient
-from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+from hypha.standin.coordinator.server import Catalog, RunOptions, build_coordinator
 from hypha.standin.data_service.assets import ensure_assets
-from hypha.standin.worker.bridge_server import BridgeServer
 
 pytestmark = pytest.mark.slow
 OPTIONS = RunOptions(
@@ -80,7 +80,7 @@ def train(
         return size
 
     monkeypatch.setattr(GlobalWeights, "write_pseudo_gradient", recorded)
-    with Coordinator(catalog, OPTIONS) as coordinator:
+    with build_coordinator(catalog, OPTIONS) as coordinator:
         client = CoordinatorClient(coordinator.url)
         job = json.loads(client.request_job("w1"))
         work_dir.mkdir()
@@ -174,7 +174,7 @@ def test_auto_compiles_only_where_it_was_measured_to_pay() -> None:
 CACHED_COMPILE = """
 import torch
 from torch._dynamo.utils import counters
-from hypha.accelerate_executor.tools.selftest.workload import SIZES, SelftestSpec
+from hypha.selftest.workload import SIZES, SelftestSpec
 from hypha.accelerate_executor.training.compiling import compile_model
 from hypha.standin.data_service.assets import build_model
 

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from hypha.standin.alpha17.bridge_http import Alpha17BridgeServer as BridgeServer
 from hypha.standin.coordinator.client import CoordinatorClient
-from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+from hypha.standin.coordinator.server import Catalog, RunOptions, build_coordinator
 from hypha.standin.data_service.assets import ensure_assets
 from hypha.standin.demo import run_demo
-from hypha.standin.worker.bridge_server import BridgeServer
 from hypha.standin.worker.executor_entries import ExecutorEntry, preset
 
 REPO = Path(__file__).resolve().parents[1]
@@ -140,7 +140,7 @@ def one_job(
     assets_dir: Path, work_dir: Path, workers: int = 1
 ) -> Iterator[tuple[str, BridgeServer]]:
     """A coordinator for `workers` workers, a job for the first, and its bridge."""
-    coordinator = Coordinator(
+    coordinator = build_coordinator(
         Catalog.from_assets(ensure_assets(assets_dir)),
         RunOptions(workers=workers, rounds=50, generation="alpha17"),
     )

@@ -22,9 +22,9 @@ from hypha.accelerate_executor.protocol.actions.messages import (
     Terminate,
 )
 from hypha.accelerate_executor.training.actions.bridge import ActionBridgeClient
+from hypha.standin.actions.scheduler import peers
 from hypha.standin.coordinator.server import RunOptions
 from hypha.standin.demo import run_demo
-from hypha.standin.scheduler.action_scheduler import peers
 from hypha.standin.worker.executor_entries import preset
 from hypha.standin.worker.faults import Fault, FaultPlan, parse_fault
 from test_action_protocol import (

@@ -5,16 +5,21 @@ modules import each other in a circle.
 The layers, bottom to top (docs/architecture.md: Layers), one or more folders each:
 
     ground    errors (the error tree, exit codes), entry (argument parser, run_main), supervisor
-              (a child in its own process group), telemetry/ (OTLP export)
-    spec      spec/: the job spec, its serde-exact reading, the task table
+              (a child in its own process group), telemetry/ (OTLP export), worker_facts (two
+              facts of a worker's host)
+    protocol  protocol/: the job spec and the bridge's messages, a folder per generation
     platform  platform/: variants, this host's GPUs, architectures, image tags, the launcher
     bridge    bridge/: the Job Bridge client of both generations
     training  training/: the loops and their parts
     shim      shim/: what runs one job's container on the worker's host
     standin   hypha.standin: the stand-in for Hypha's side, its services in their folders
-    tools     tools/: doctor, worker-config, build, publish, and selftest (which trains a
-              stand-in job through the executor)
+    selftest  hypha.selftest: trains a stand-in job through the executor
+    tools     tools/: doctor, worker-config, build, publish
     command   cli, the `hypha-accelerate` dispatcher, and image_entry, the image's
+
+Beyond the layers: the stand-in reaches the executor only for its protocol and the ground's
+errors, entry and supervisor (and worker_facts), and the executor below its command layer
+imports neither the stand-in nor the selftest.
 """
 
 from __future__ import annotations
@@ -33,13 +38,14 @@ def executor(*names: str) -> tuple[str, ...]:
 
 # Bottom to top: a module's layer is the first whose names or prefixes hold it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("ground", executor("", "errors", "entry", "supervisor", "telemetry")),
+    ("ground", executor("", "errors", "entry", "supervisor", "telemetry", "worker_facts")),
     ("protocol", executor("protocol")),
     ("platform", executor("platform")),
     ("bridge", executor("bridge")),
     ("training", executor("training")),
     ("shim", executor("shim")),
     ("standin", ("standin",)),
+    ("selftest", ("selftest",)),
     ("tools", executor("tools")),
     ("command", executor("cli", "image_entry")),
 ]
@@ -129,8 +135,11 @@ def test_the_graph_is_read_from_the_source() -> None:
     # Known arrows, so that a reader that finds nothing cannot pass the tests below.
     assert f"{EXECUTOR}.errors" in edges[f"{EXECUTOR}.protocol.job"]
     assert "standin.worker.bridge_core" in edges["standin.worker.bridge_http"]
+    assert "standin.alpha17.bridge" in edges["standin.alpha17.bridge_http"]
     assert f"{EXECUTOR}.shim.engine" in edges[f"{EXECUTOR}.shim.run"]
-    assert "standin.data_service.assets" in edges[f"{EXECUTOR}.tools.selftest.runs"]
+    assert "standin.data_service.assets" in edges["selftest.runs"]
+    assert f"{EXECUTOR}.errors" in edges["standin.errors"]
+    assert "selftest.command" in edges[f"{EXECUTOR}.image_entry"]
 
 
 def test_no_import_goes_up_a_layer() -> None:
@@ -141,6 +150,39 @@ def test_no_import_goes_up_a_layer() -> None:
         if layer(target) > layer(module)
     ]
     assert not upward, "\n".join(upward)
+
+
+# What the stand-in may import of the executor: the protocol, and the ground's modules about
+# errors, exits and a worker's host (entry's parser and run_main, a supervised child).
+STANDIN_MAY_IMPORT = executor("protocol", "errors", "entry", "supervisor", "worker_facts")
+# The executor's modules that may start the stand-in or the selftest: its command layer.
+COMMANDS = executor("cli", "image_entry")
+
+
+def within(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def test_the_standin_imports_only_the_protocol_and_the_ground_of_the_executor() -> None:
+    reached = [
+        f"{module} imports {target}"
+        for module, targets in graph().items()
+        if within(module, ("standin",))
+        for target in sorted(targets)
+        if within(target, (EXECUTOR,)) and not within(target, STANDIN_MAY_IMPORT)
+    ]
+    assert not reached, "\n".join(reached)
+
+
+def test_the_executor_imports_neither_the_standin_nor_the_selftest() -> None:
+    reached = [
+        f"{module} imports {target}"
+        for module, targets in graph().items()
+        if within(module, (EXECUTOR,)) and not within(module, COMMANDS)
+        for target in sorted(targets)
+        if within(target, ("standin", "selftest"))
+    ]
+    assert not reached, "\n".join(reached)
 
 
 def test_no_modules_import_each_other_in_a_circle() -> None:
@@ -154,4 +196,5 @@ def test_a_circle_and_an_upward_import_are_seen() -> None:
         < layer(f"{EXECUTOR}.protocol.job")
         < layer(f"{EXECUTOR}.shim.run")
     )
-    assert layer(f"{EXECUTOR}.shim.run") < layer("standin.worker.worker") < layer(f"{EXECUTOR}.cli")
+    assert layer(f"{EXECUTOR}.shim.run") < layer("standin.worker.worker") < layer("selftest.runs")
+    assert layer("selftest.runs") < layer(f"{EXECUTOR}.tools.doctor") < layer(f"{EXECUTOR}.cli")

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from hypha.standin.coordinator.client import CoordinatorClient, JobBackend
-from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+from hypha.standin.coordinator.server import Catalog, RunOptions, build_coordinator
 from hypha.standin.data_service.assets import AssetSpec, build_model, ensure_assets
 from hypha.standin.hub import HubStandin
 from hypha.standin.worker.executor_entries import preset
@@ -59,7 +59,7 @@ def test_the_final_model_is_pushed_and_a_refused_push_asks_the_next_worker(
     with (
         HubStandin(TOKEN) as right_hub,
         HubStandin("hf_some_other_token") as wrong_hub,
-        Coordinator(catalog, options, push_destination=(REPOSITORY, TOKEN)) as coordinator,
+        build_coordinator(catalog, options, push_destination=(REPOSITORY, TOKEN)) as coordinator,
     ):
         client = CoordinatorClient(coordinator.url)
         common = {"OMP_NUM_THREADS": threads, "HF_HUB_DISABLE_XET": "1"}

@@ -18,7 +18,7 @@ import pytest
 
 from hypha.standin.coordinator.client import CoordinatorClient, JobBackend
 from hypha.standin.coordinator.report import judge
-from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+from hypha.standin.coordinator.server import Catalog, RunOptions, build_coordinator
 from hypha.standin.data_service.assets import ensure_assets
 from hypha.standin.worker.executor_entries import preset
 from hypha.standin.worker.worker import LocalWorker, serve_one_job
@@ -49,7 +49,7 @@ def test_a_slow_workers_updates_land_in_the_next_round_and_nothing_is_lost(
     options = RunOptions(workers=3, rounds=4, steps_per_round=20, quorum=2, grace_s=0.5)
     catalog = Catalog.from_assets(ensure_assets(tmp_path / "assets", options.asset_spec()))
     threads = str(max(1, (os.cpu_count() or 1) // options.all_workers))
-    with Coordinator(catalog, options) as coordinator:
+    with build_coordinator(catalog, options) as coordinator:
         client = CoordinatorClient(coordinator.url)
         codes: dict[str, int] = {}
 

@@ -17,10 +17,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from hypha.standin.alpha17.bridge_http import Alpha17BridgeServer as BridgeServer
 from hypha.standin.coordinator.client import CoordinatorClient
-from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+from hypha.standin.coordinator.server import Catalog, RunOptions, build_coordinator
 from hypha.standin.data_service.assets import ensure_assets
-from hypha.standin.worker.bridge_server import BridgeServer
 
 LENET_SOURCE = Path(__file__).parent / "lenet"
 REPOSITORY = "hypha-space/lenet"
@@ -88,7 +88,7 @@ def run_job(
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     """One job of the stand-in's (reshaped) run by `command` against its bridge; the
     executor's result and the coordinator's record of the worker."""
-    with Coordinator(catalog, options) as coordinator:
+    with build_coordinator(catalog, options) as coordinator:
         client = CoordinatorClient(coordinator.url)
         job = reshape(json.loads(client.request_job("w1")))
         work_dir = work_base / "work"

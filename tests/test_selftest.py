@@ -13,16 +13,16 @@ from pathlib import Path
 import pytest
 import yaml  # type: ignore[import-untyped]
 
-from hypha.accelerate_executor.tools.selftest.command import accelerate_config
-from hypha.accelerate_executor.tools.selftest.devices import (
+from hypha.selftest.command import accelerate_config
+from hypha.selftest.devices import (
     Device,
     Host,
     nvidia_driver_verdict,
     peak_tflops,
 )
-from hypha.accelerate_executor.tools.selftest.report import Report, as_json, judge, render
-from hypha.accelerate_executor.tools.selftest.runs import BareRun, ExecutorRun, OomCheck
-from hypha.accelerate_executor.tools.selftest.workload import SIZES
+from hypha.selftest.report import Report, as_json, judge, render
+from hypha.selftest.runs import BareRun, ExecutorRun, OomCheck
+from hypha.selftest.workload import SIZES
 
 H100 = Device(0, "NVIDIA H100 80GB HBM3", 85_031_714_816, (9, 0), bf16=True, tf32=True)
 GPU_HOST = Host(
@@ -209,7 +209,7 @@ def test_configs_take_the_commands_precision_and_processes() -> None:
 
 
 def test_gpt2_124m_is_gpt2_small() -> None:
-    from hypha.accelerate_executor.tools.selftest.command import parameter_counts
+    from hypha.selftest.command import parameter_counts
 
     total, multiplied = parameter_counts(SIZES["gpt2-124m"])
     assert total == 124_439_808  # GPT-2 small, tied embeddings counted once
@@ -218,7 +218,7 @@ def test_gpt2_124m_is_gpt2_small() -> None:
 
 @pytest.mark.slow
 def test_allreduce_bandwidth_over_two_cpu_processes() -> None:
-    from hypha.accelerate_executor.tools.selftest.runs import allreduce_bus_bandwidth
+    from hypha.selftest.runs import allreduce_bus_bandwidth
 
     assert allreduce_bus_bandwidth(2, "cpu", size_bytes=1 << 20, iterations=3) > 0
 

@@ -32,7 +32,7 @@ from hypha.accelerate_executor.protocol.actions.messages import (
     SendUpdate,
     Terminate,
 )
-from hypha.standin.scheduler.action_scheduler import peers
+from hypha.standin.actions.scheduler import peers
 from test_action_protocol import action_bridge, push_once_receiving, zero_update
 
 REPO = Path(__file__).resolve().parents[1]

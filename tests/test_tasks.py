@@ -17,9 +17,9 @@ import torch
 
 from hypha.accelerate_executor.protocol.alpha17.job import parse_job
 from hypha.accelerate_executor.protocol.tasks import TASKS, Trains
+from hypha.standin.alpha17.bridge_http import Alpha17BridgeServer as BridgeServer
 from hypha.standin.coordinator.client import CoordinatorClient
-from hypha.standin.coordinator.server import Coordinator, RunOptions
-from hypha.standin.worker.bridge_server import BridgeServer
+from hypha.standin.coordinator.server import RunOptions, build_coordinator
 from task_models import CASES, TaskCase
 
 pytestmark = pytest.mark.slow
@@ -49,7 +49,7 @@ def train(case: TaskCase, root: Path, socket_dir: Path) -> list[float]:
     from hypha.accelerate_executor.training.alpha17.loop import Trainer
     from hypha.accelerate_executor.training.settings import RunSettings
 
-    with Coordinator(case.write_catalog(root), replace(OPTIONS)) as coordinator:
+    with build_coordinator(case.write_catalog(root), replace(OPTIONS)) as coordinator:
         client = CoordinatorClient(coordinator.url)
         job: dict[str, Any] = json.loads(client.request_job("w1"))
         case.retarget(job)

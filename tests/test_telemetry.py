@@ -407,12 +407,12 @@ def test_the_one_line_failure_arrives_as_an_error_record(
     receiver: Receiver, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from hypha.standin.coordinator.client import CoordinatorClient
-    from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+    from hypha.standin.coordinator.server import Catalog, RunOptions, coordinator_class
     from hypha.standin.data_service.assets import ensure_assets
     from hypha.standin.worker.executor_entries import preset
     from hypha.standin.worker.worker import LocalWorker, serve_one_job
 
-    class MissingModel(Coordinator):
+    class MissingModel(coordinator_class("actions")):
         def job_spec(self, job_id: str) -> dict[str, Any]:
             spec = super().job_spec(job_id)
             spec["executor"]["config"]["model"]["artifact"]["filenames"] = ["absent.bin"]

@@ -33,9 +33,9 @@ from dataclasses import dataclass
 import torch
 import torch._dynamo
 
-from hypha.accelerate_executor.tools.selftest.workload import SIZES, SelftestSpec
 from hypha.accelerate_executor.training.compiling import block_list, output_head
 from hypha.accelerate_executor.training.optimization import build_adamw
+from hypha.selftest.workload import SIZES, SelftestSpec
 from hypha.standin.data_service.assets import build_model
 
 

@@ -15,8 +15,8 @@ from dataclasses import replace
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from hypha.accelerate_executor.tools.selftest.workload import SIZES, SelftestSpec
 from hypha.accelerate_executor.training.optimization import build_adamw
+from hypha.selftest.workload import SIZES, SelftestSpec
 from hypha.standin.data_service.assets import build_model
 
 

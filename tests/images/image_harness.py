@@ -16,7 +16,7 @@ from typing import Any
 from hypha.accelerate_executor import __version__
 from hypha.accelerate_executor.platform.variants import BY_NAME
 from hypha.standin.coordinator.client import CoordinatorClient
-from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions, build_coordinator
 from hypha.standin.data_service.assets import ensure_assets
 from hypha.standin.worker.executor_entries import EXECUTOR_ARGS, ExecutorEntry
 from hypha.standin.worker.worker import LocalWorker, serve_one_job
@@ -150,7 +150,7 @@ def run_job(
     entry: ExecutorEntry, work_base: Path, options: RunOptions, cancel_after_batches: int = 0
 ) -> dict[str, Any]:
     """One job of the local stand-in as worker w1 with the worker's uid; its summary record."""
-    coordinator = Coordinator(Catalog.from_assets(ensure_assets()), options)
+    coordinator = build_coordinator(Catalog.from_assets(ensure_assets()), options)
     coordinator.start()
     try:
         worker = LocalWorker("w1", entry, work_base, owner=(WORKER_UID, WORKER_GID))

@@ -18,8 +18,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from hypha.standin.actions.bridge_http import ActionBridgeServer
+from hypha.standin.alpha17.bridge_http import Alpha17BridgeServer
 from hypha.standin.coordinator.client import CoordinatorClient
-from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions, build_coordinator
 from hypha.standin.worker.bridge_server import BridgeServer
 
 
@@ -129,7 +131,7 @@ def make_coordinator(catalog: Catalog) -> Iterator[Callable[..., Coordinator]]:
     def make(clock: Callable[[], float] = time.monotonic, **options: Any) -> Coordinator:
         # These tests are about alpha.17's bridge and scheduler: the generation is pinned.
         options = {"generation": "alpha17", **options}
-        coordinator = Coordinator(catalog, RunOptions(**options), clock=clock)
+        coordinator = build_coordinator(catalog, RunOptions(**options), clock=clock)
         coordinator.start()
         started.append(coordinator)
         return coordinator
@@ -153,9 +155,10 @@ def make_bridge(short_dir: Path) -> Iterator[Callable[..., tuple[BridgeServer, d
         work_dir = short_dir / name
         work_dir.mkdir()
         reach = client.backend if backend == "tcp" else coordinator.backend
-        bridge = BridgeServer(
-            work_dir, reach(job["job_id"]), name=f"{name} bridge", **bridge_options
-        )
+        # alpha.17's unless asked: most of these tests are about its bridge.
+        generation = bridge_options.pop("generation", "alpha17")
+        served = ActionBridgeServer if generation == "actions" else Alpha17BridgeServer
+        bridge = served(work_dir, reach(job["job_id"]), name=f"{name} bridge", **bridge_options)
         bridge.start()
         bridges.append(bridge)
         return bridge, job

@@ -30,7 +30,7 @@ from hypha.accelerate_executor.training.actions.loop import (
     status_after_batches,
     zero_batches_wait,
 )
-from hypha.standin.scheduler.action_scheduler import ActionScheduler
+from hypha.standin.actions.scheduler import ActionScheduler
 
 BATCH_SIZE = 8
 ROUNDS = 3

@@ -43,7 +43,7 @@ from hypha.accelerate_executor.protocol.actions.messages import (
     error_status,
     sent_update,
 )
-from hypha.standin.scheduler.action_scheduler import (
+from hypha.standin.actions.scheduler import (
     ActionScheduler,
     RunningMean,
     Simulation,

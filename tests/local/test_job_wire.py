@@ -12,7 +12,8 @@ import pytest
 from hypha.accelerate_executor.protocol.actions.job import parse_action_job_bytes
 from hypha.accelerate_executor.protocol.alpha17.job import parse_job_bytes
 from hypha.standin.data_service.service import Catalog
-from hypha.standin.jobs import RunOptions, job_spec, new_peer_id
+from hypha.standin.generations import job_spec
+from hypha.standin.jobs import RunOptions, new_peer_id
 
 CATALOG = Catalog(Path("models"), Path("data"), "markov", "local/demo", ("model.safetensors",))
 JOB_ID, PEERS = "6f1c2a9e-0d4b-4c8e-9a7f-3b5d1e2c4a60", (new_peer_id(), new_peer_id())

@@ -9,8 +9,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from hypha.accelerate_executor.errors import BackendError
 from hypha.standin.coordinator.client import CoordinatorClient
+from hypha.standin.errors import BackendError
 
 
 def test_one_connection_carries_every_request_errors_included(make_coordinator):

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from hypha.accelerate_executor.errors import ProgressError
 from hypha.accelerate_executor.protocol.alpha17.messages import Continue, Done, Ok, ScheduleUpdate
-from hypha.standin.data_service.service import SliceTracker
-from hypha.standin.scheduler.batch_scheduler import (
+from hypha.standin.alpha17.scheduler import (
     BatchScheduler,
     Projection,
     RunningMean,
     project,
 )
+from hypha.standin.data_service.service import SliceTracker
+from hypha.standin.errors import ProgressError
 
 
 class Clock:

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from hypha.accelerate_executor.errors import UsageError, WorkerError
+from hypha.accelerate_executor.errors import UsageError
 from hypha.standin.coordinator.client import CoordinatorClient
+from hypha.standin.errors import WorkerError
 from hypha.standin.worker.executor_entries import (
     ExecutorEntry,
     executor_entry,

@@ -14,12 +14,12 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from hypha.accelerate_executor.errors import BackendError
 from hypha.accelerate_executor.protocol.actions.messages import JOINED, SendUpdate, batch_completed
 from hypha.accelerate_executor.protocol.actions.messages import sent_update as sent_update_status
 from hypha.accelerate_executor.training.actions.bridge import ActionBridgeClient
+from hypha.standin.actions.scheduler import peers
 from hypha.standin.coordinator.report import judge
-from hypha.standin.scheduler.action_scheduler import peers
+from hypha.standin.errors import BackendError
 
 BATCH = 8
 

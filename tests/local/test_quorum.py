@@ -27,8 +27,8 @@ from hypha.accelerate_executor.protocol.actions.messages import (
     sent_update,
 )
 from hypha.accelerate_executor.training.actions.bridge import ActionBridgeClient
+from hypha.standin.actions.scheduler import ActionScheduler, peers
 from hypha.standin.parameter_server.server import NesterovOuterOptimizer
-from hypha.standin.scheduler.action_scheduler import ActionScheduler, peers
 
 BATCH = 8
 

@@ -225,7 +225,7 @@ def test_a_real_job_through_the_bundle(
     mps_bundle: Path, real_bundle_venv: Path, work_base: Path
 ) -> None:
     from hypha.standin.coordinator.client import CoordinatorClient
-    from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+    from hypha.standin.coordinator.server import Catalog, RunOptions, build_coordinator
     from hypha.standin.data_service.assets import ensure_assets
     from hypha.standin.worker.executor_entries import EXECUTOR_ARGS, ExecutorEntry
     from hypha.standin.worker.worker import LocalWorker, serve_one_job
@@ -235,7 +235,7 @@ def test_a_real_job_through_the_bundle(
     entry = ExecutorEntry(
         shim, ("run", "--variant", "mps-host", "--bundle", str(mps_bundle), *EXECUTOR_ARGS)
     )
-    coordinator = Coordinator(
+    coordinator = build_coordinator(
         Catalog.from_assets(ensure_assets()),
         RunOptions(workers=1, rounds=2, steps_per_round=4, generation="alpha17"),
     )

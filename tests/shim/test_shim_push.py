@@ -46,7 +46,7 @@ def test_push_to_hub_through_the_shim_from_a_container_without_network(
     from safetensors.torch import load
 
     from hypha.standin.coordinator.client import CoordinatorClient
-    from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+    from hypha.standin.coordinator.server import Catalog, RunOptions, build_coordinator
     from hypha.standin.data_service.assets import AssetSpec, build_model, ensure_assets
     from hypha.standin.hub import HubStandin
     from hypha.standin.worker.executor_entries import preset
@@ -72,7 +72,7 @@ def test_push_to_hub_through_the_shim_from_a_container_without_network(
 
     with (
         HubStandin(TOKEN) as hub,
-        Coordinator(catalog, options, push_destination=(REPOSITORY, TOKEN)) as coordinator,
+        build_coordinator(catalog, options, push_destination=(REPOSITORY, TOKEN)) as coordinator,
     ):
         worker = LocalWorker(
             "w1",

@@ -55,11 +55,11 @@ def run_job(
     entry: Any, base: Path, rounds: int, steps: int, cancel_after: int = 0, token: str | None = None
 ) -> dict[str, Any]:
     from hypha.standin.coordinator.client import CoordinatorClient
-    from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+    from hypha.standin.coordinator.server import Catalog, RunOptions, coordinator_class
     from hypha.standin.data_service.assets import ensure_assets
     from hypha.standin.worker.worker import LocalWorker, serve_one_job
 
-    class TokenCoordinator(Coordinator):
+    class TokenCoordinator(coordinator_class("alpha17")):
         """Hands out jobs whose model reference carries a Hugging Face token."""
 
         def job_spec(self, job_id: str) -> dict[str, Any]:

@@ -27,7 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "check Docker, images, GPU runtime and work dir permissions",
     ),
     "selftest": (
-        "hypha.accelerate_executor.tools.selftest.command",
+        "hypha.selftest.command",
         "train a small job on this host's GPUs (or CPU): speed, MFU, memory, a verdict",
     ),
     "build": (

@@ -2,7 +2,7 @@
 
 The local cluster has two backends: one over the coordinator's TCP API
 (coordinator/client.py: JobBackend) and one by direct calls when the coordinator runs in the
-same process (coordinator.InProcessBackend).
+same process (coordinator/in_process.py: InProcessBackend).
 """
 
 from __future__ import annotations

@@ -16,8 +16,10 @@ from pathlib import Path
 from types import FrameType
 
 from hypha.accelerate_executor.entry import OneLineArgumentParser, run_main
-from hypha.accelerate_executor.errors import EXIT_FAILED, EXIT_OK, LocalError, UsageError
+from hypha.accelerate_executor.errors import EXIT_FAILED, EXIT_OK, UsageError
+from hypha.accelerate_executor.protocol.generation import GENERATIONS
 from hypha.standin.console import say
+from hypha.standin.errors import LocalError
 from hypha.standin.jobs import JOB_KINDS, LR_SCHEDULES, LrSchedule
 from hypha.standin.worker.faults import Fault, parse_fault
 
@@ -70,7 +72,7 @@ def _run_options_parser() -> OneLineArgumentParser:
     run.add_argument("--workers", type=int, default=2, help="number of workers (default 2)")
     run.add_argument(
         "--generation",
-        choices=["alpha17", "actions"],
+        choices=GENERATIONS,
         default=os.environ.get("HYPHA_LOCAL_GENERATION") or "actions",
         help="the Hypha side to play: actions (the action protocol of the releases after "
         "v1.0.0-alpha.17, default) or alpha17 (the statuses of v1.0.0-alpha.17 and earlier); "
@@ -276,7 +278,7 @@ def _hub_standin() -> bool:
 
 
 def _with_run_options(args: argparse.Namespace) -> int:
-    from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+    from hypha.standin.coordinator.server import Catalog, RunOptions, build_coordinator
 
     given = {
         "workers": args.workers,
@@ -324,7 +326,7 @@ def _with_run_options(args: argparse.Namespace) -> int:
     host, port = args.listen
     catalog = Catalog.from_assets(ensure_assets(args.assets, options.asset_spec()))
     try:
-        coordinator = Coordinator(
+        coordinator = build_coordinator(
             catalog, options, host=host, port=port, push_destination=_push_destination()
         )
     except OSError as exc:

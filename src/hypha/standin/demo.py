@@ -16,12 +16,13 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from types import FrameType
 
-from hypha.accelerate_executor.errors import CoordinatorError, WorkerError
+from hypha.standin.actions.coordinator import ActionCoordinator
 from hypha.standin.console import say, warn
 from hypha.standin.coordinator.client import CoordinatorClient
 from hypha.standin.coordinator.report import finish
-from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions
+from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions, build_coordinator
 from hypha.standin.data_service.assets import ensure_assets
+from hypha.standin.errors import CoordinatorError, WorkerError
 from hypha.standin.hub import HubStandin
 from hypha.standin.worker.executor_entries import ExecutorEntry
 from hypha.standin.worker.faults import Fault
@@ -128,7 +129,7 @@ def _run(
     push_env: dict[str, str],
     faults: tuple[Fault, ...],
 ) -> int:
-    coordinator = Coordinator(catalog, options, push_destination=push_destination)
+    coordinator = build_coordinator(catalog, options, push_destination=push_destination)
     coordinator.start()
     say(
         "demo",
@@ -165,6 +166,8 @@ def _run(
     ]
 
     def run_late_worker(worker: LocalWorker) -> None:
+        # Only the action protocol has late joiners (RunOptions refuses them otherwise).
+        assert isinstance(coordinator, ActionCoordinator)
         if coordinator.wait_for_round(1, timeout_s):
             say("demo", f"{worker.name} joins after round 1 (a late joiner)")
             run_worker(worker)

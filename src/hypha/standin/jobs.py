@@ -1,6 +1,7 @@
-"""What a local run is: its options, the job kinds it can play, and the job spec each
-worker gets, shaped exactly as a Hypha scheduler sends it (docs/protocol.md sections 4 and 8),
-built through the executor's own declaration of the job (protocol/)."""
+"""What a local run is: its options, the job kinds it can play, and the training config of
+the job spec each worker gets, shaped exactly as a Hypha scheduler sends it (docs/protocol.md
+sections 4 and 8), built through the executor's own declaration of the job (protocol/). Each
+generation's coordinator wraps it in its job (alpha17/coordinator.py, actions/coordinator.py)."""
 
 from __future__ import annotations
 
@@ -10,27 +11,19 @@ from typing import Any, Literal, get_args
 
 from hypha.accelerate_executor.errors import UsageError
 from hypha.accelerate_executor.protocol.actions.job import (
-    ActionExecutorSpec,
-    ActionJob,
     ActionModelSpec,
     ActionPreprocessorSpec,
     ActionTrainConfig,
-)
-from hypha.accelerate_executor.protocol.alpha17.job import (
-    ExecutorSpec,
-    Job,
-    PeersReference,
-    TrainConfig,
 )
 from hypha.accelerate_executor.protocol.generation import GENERATIONS, Generation
 from hypha.accelerate_executor.protocol.job import (
     CosineWithWarmup,
     Descriptor,
     HuggingFaceReference,
+    JobModel,
     LinearWithWarmup,
     OptimizerSpec,
     SchedulerReference,
-    Strategy,
 )
 from hypha.standin.data_service.assets import AssetKind, AssetSpec, MaskedLmSpec
 from hypha.standin.data_service.lenet import LeNetSpec
@@ -174,11 +167,9 @@ def huggingface(repository: str, filenames: tuple[str, ...]) -> HuggingFaceRefer
     return HuggingFaceReference(type="huggingface", repository=repository, filenames=filenames)
 
 
-def job_spec(
-    job_id: str, options: RunOptions, catalog: Catalog, scheduler_peer: str, parameter_server: str
-) -> dict[str, Any]:
-    """The job JSON for one worker, built through the executor's declaration of the job
-    (protocol/) of the run's generation."""
+def train_config(options: RunOptions, catalog: Catalog, scheduler_peer: str) -> ActionTrainConfig:
+    """The training config both generations' job specs share, declared through the executor's
+    models (protocol/); each generation's coordinator wraps it in its job (its job_spec)."""
     task, input_names = {
         "lenet": ("image-classification", ["pixel_values", "labels"]),
         # What a user writes after reading upstream's data docs: the slices' tensors; the
@@ -203,7 +194,7 @@ def job_spec(
         scheduler = LinearWithWarmup(
             type="linear-with-warmup", warmup_steps=options.warmup_steps, training_steps=steps
         )
-    config = ActionTrainConfig(
+    return ActionTrainConfig(
         model=ActionModelSpec(
             task=task,
             artifact=huggingface(catalog.model_repository, catalog.model_filenames),
@@ -219,20 +210,14 @@ def job_spec(
         preprocessor=preprocessor,
         scheduler=scheduler,
     )
-    descriptor = Descriptor(name="diloco-transformer")
-    job: ActionJob | Job
-    if options.generation == "actions":  # the action protocol names the peers in its actions
-        executor = ActionExecutorSpec(class_="train", descriptor=descriptor, config=config)
-        job = ActionJob(job_id=job_id, executor=executor)
-    else:  # alpha.17's config also names where updates go and results come from
-        peers = PeersReference(
-            type="peers", peers=[parameter_server], strategy=Strategy(type="All")
-        )
-        # The shared fields as values: alpha.17's model and preprocessor are classes of its own.
-        shared = config.model_dump(by_alias=True, exclude_none=True)
-        train = TrainConfig.model_validate({**shared, "updates": peers, "results": peers})
-        executor17 = ExecutorSpec(class_="train", descriptor=descriptor, config=train)
-        job = Job(job_id=job_id, executor=executor17)
+
+
+# The descriptor of every job the stand-in's scheduler sends.
+DESCRIPTOR = Descriptor(name="diloco-transformer")
+
+
+def written(job: JobModel) -> dict[str, Any]:
+    """A job model as upstream's scheduler writes it."""
     spec = job.model_dump(mode="json", by_alias=True)
     # Upstream's TrainExecutorConfig leaves these two out when unset
     # (`skip_serializing_if = "Option::is_none"`, crates/messages/src/lib.rs @76fe471), where

@@ -38,7 +38,7 @@ from hypha.accelerate_executor.platform.image_tags import (
     image_tags,
 )
 from hypha.accelerate_executor.platform.variants import VARIANTS
-from hypha.accelerate_executor.shim.worker_facts import MAX_SOCKET_PATH_BYTES, SOCKET_SUFFIX_BYTES
+from hypha.accelerate_executor.worker_facts import MAX_SOCKET_PATH_BYTES, SOCKET_SUFFIX_BYTES
 
 if TYPE_CHECKING:
     from docker import APIClient

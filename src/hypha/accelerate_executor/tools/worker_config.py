@@ -38,7 +38,7 @@ from hypha.accelerate_executor.shim.container_spec import (
     launcher_args,
 )
 from hypha.accelerate_executor.shim.run import USER_PATTERN, pattern_arg
-from hypha.accelerate_executor.shim.worker_facts import console_script
+from hypha.accelerate_executor.worker_facts import console_script
 
 PROG = "hypha-accelerate worker-config"
 # No {JOB_JSON}: the worker also exports the job as JOB_JSON, which the shim and the

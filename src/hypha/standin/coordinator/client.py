@@ -14,8 +14,9 @@ from urllib.parse import quote, urlsplit
 
 import urllib3
 
-from hypha.accelerate_executor.errors import BackendError, CoordinatorError, ErrorKind
+from hypha.accelerate_executor.errors import ErrorKind
 from hypha.standin.backend import ERROR_KINDS, Push, RemoteFile
+from hypha.standin.errors import BackendError, CoordinatorError
 
 
 def _backend_error(status: int, raw: bytes) -> BackendError:

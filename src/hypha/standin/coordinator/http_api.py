@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from hypha.accelerate_executor.errors import CoordinatorRefusal
 from hypha.standin.coordinator.core import CoordinatorCore
+from hypha.standin.errors import CoordinatorRefusal
 from hypha.standin.serving import LISTEN_BACKLOG, AcceptLoop, TracksConnections
 
 

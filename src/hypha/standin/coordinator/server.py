@@ -1,17 +1,31 @@
-"""The local cluster's coordinator as a process runs it: what it does
-(core.CoordinatorCore) served over TCP by its HTTP face (http_api.py)."""
+"""The local cluster's coordinator as a process runs it: what it does (core.CoordinatorCore,
+and a generation's subclass of it) served over TCP by its HTTP face (http_api.py).
+
+`build_coordinator` builds the one a run plays: `Coordinator` mixed in before the
+generation's coordinator class (generations.py).
+"""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
+from functools import cache
+from typing import Any, cast
 
-from hypha.standin.coordinator.core import CoordinatorCore, InProcessBackend
+from hypha.accelerate_executor.protocol.generation import Generation
+from hypha.standin.coordinator.core import CoordinatorCore
 from hypha.standin.coordinator.http_api import CoordinatorServer
+from hypha.standin.coordinator.in_process import InProcessBackend
 from hypha.standin.data_service.service import Catalog
+from hypha.standin.generations import COORDINATORS
 from hypha.standin.jobs import RunOptions
 
-__all__ = ["Catalog", "Coordinator", "InProcessBackend", "RunOptions"]
+__all__ = [
+    "Catalog",
+    "Coordinator",
+    "InProcessBackend",
+    "RunOptions",
+    "build_coordinator",
+    "coordinator_class",
+]
 
 # At stop, how long an average in progress may take to finish (a tiny model's takes
 # milliseconds; a large one's seconds).
@@ -20,7 +34,7 @@ STOP_AVERAGE_S = 60.0
 
 class Coordinator(CoordinatorCore):
     """Serves the coordinator's API on `host:port` (0: any free port) from `start()` until
-    `stop()`."""
+    `stop()`. `core`: the generation's coordinator's own options (name, clock, ...)."""
 
     def __init__(
         self,
@@ -29,13 +43,9 @@ class Coordinator(CoordinatorCore):
         *,
         host: str = "127.0.0.1",
         port: int = 0,
-        name: str = "coordinator",
-        clock: Callable[[], float] = time.monotonic,
-        push_destination: tuple[str, str] | None = None,
+        **core: Any,
     ) -> None:
-        super().__init__(
-            catalog, options, name=name, clock=clock, push_destination=push_destination
-        )
+        super().__init__(catalog, options, **core)
         self._server = CoordinatorServer((host, port), self)
 
     @property
@@ -57,3 +67,17 @@ class Coordinator(CoordinatorCore):
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def build_coordinator(catalog: Catalog, options: RunOptions, **served: Any) -> Coordinator:
+    """The run's coordinator, its API on TCP from `start()`: `served`, host and port and the
+    generation's coordinator's own options (name, clock, push_destination)."""
+    return coordinator_class(options.generation)(catalog, options, **served)
+
+
+@cache
+def coordinator_class(generation: Generation) -> type[Coordinator]:
+    """The generation's coordinator class with the TCP face mixed in, made once: so that a
+    generation needs no served class of its own, and retiring one leaves none behind."""
+    core = COORDINATORS[generation]
+    return cast(type[Coordinator], type(f"Served{core.__name__}", (Coordinator, core), {}))

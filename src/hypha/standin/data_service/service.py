@@ -19,8 +19,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from hypha.accelerate_executor.errors import CoordinatorRefusal
 from hypha.standin.data_service.assets import Assets
+from hypha.standin.errors import CoordinatorRefusal
 
 
 @dataclass(frozen=True)

@@ -1,2 +1,3 @@
-"""A Hypha worker (worker) and its Job Bridge (bridge_*, axum_body); what it spawns
-(executor_entries), its work dirs (work_dirs) and the executor's echoed stdout (stdout_echo)."""
+"""A Hypha worker (worker), the bridge it serves per generation (bridges) and what every bridge
+shares (bridge_*, axum_body); what it spawns (executor_entries), its work dirs (work_dirs) and
+the executor's echoed stdout (stdout_echo)."""

@@ -16,9 +16,10 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from hypha.accelerate_executor.errors import BridgeRefusal, SerdeError
+from hypha.accelerate_executor.errors import SerdeError
 from hypha.accelerate_executor.protocol.serde import SerdeType
 from hypha.accelerate_executor.protocol.serde_json import from_python
+from hypha.standin.errors import BridgeRefusal
 
 MAX_BODY_BYTES = 2 * 1024 * 1024
 # A refused body up to this size is read and dropped; a larger one costs the connection.

@@ -1,38 +1,27 @@
-"""The bridge's HTTP face: routes, answers and the SSE stream over the Unix socket.
+"""The bridge's HTTP face: what both generations' routes share over the Unix socket.
 
 Thin: the request body is read the way axum reads it (axum_body.py), and every route's
-meaning is JobBridge's (bridge_core.py).
+meaning is the bridge's (bridge_core.py and a generation's bridge). A generation's handler
+(alpha17/bridge_http.py, actions/bridge_http.py) names its routes and answers those beyond
+the shared fetch.
 """
 
 from __future__ import annotations
 
 import json
-import queue
 import socketserver
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
-from hypha.accelerate_executor.errors import BridgeRefusal
-from hypha.accelerate_executor.protocol.actions.messages import (
-    ACTION_RECEIVE_REQUEST,
-    ACTION_REQUEST,
-    ACTION_SEND_REQUEST,
-)
-from hypha.accelerate_executor.protocol.alpha17.messages import (
-    BODY_REFERENCE,
-    PROGRESS,
-    RECEIVE_REQUEST,
-    SEND_REQUEST,
-)
-from hypha.accelerate_executor.protocol.messages import wire
+from hypha.accelerate_executor.protocol.serde import SerdeType
 from hypha.standin.console import say
+from hypha.standin.errors import BridgeRefusal
 from hypha.standin.serving import LISTEN_BACKLOG, TracksConnections
-from hypha.standin.worker.axum_body import deserialized, read_json, shaped
+from hypha.standin.worker.axum_body import deserialized, read_json
 from hypha.standin.worker.bridge_core import JobBridge
 from hypha.standin.worker.faults import Fault, kill_sender
-from hypha.standin.worker.openapi import openapi_document
 
 
 class UnixHTTPServer(TracksConnections, socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
@@ -41,17 +30,21 @@ class UnixHTTPServer(TracksConnections, socketserver.ThreadingMixIn, socketserve
     # Statuses sent concurrently connect at once; a full Unix-socket backlog refuses EAGAIN.
     request_queue_size = LISTEN_BACKLOG
 
-    def __init__(self, path: str, bridge: JobBridge) -> None:
-        super().__init__(path, _Handler, bind_and_activate=False)
+    def __init__(self, path: str, bridge: JobBridge, handler: type[BridgeHandler]) -> None:
+        super().__init__(path, handler, bind_and_activate=False)
         self.bridge = bridge
         self.log_name = bridge.name
 
 
-_ALPHA17_ROUTES = ("/resources/fetch", "/resources/send", "/resources/receive", "/status/send")
-_ACTION_ROUTES = ("/resources/fetch", "/resources/send", "/resources/receive", "/action/update")
+class BridgeHandler(BaseHTTPRequestHandler):
+    """One connection's requests to a bridge. A generation's subclass sets `routes` and
+    answers its own (`_route`)."""
 
+    # The POST routes the generation serves; /resources/fetch is answered here, its body
+    # read as the generation's Reference.
+    routes: ClassVar[tuple[str, ...]]
+    fetch_reference: ClassVar[SerdeType]
 
-class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     # Buffered, so that an answer's head and body leave in one write: a client woken by the
     # head alone would only go back to sleep until the body comes.
@@ -71,14 +64,20 @@ class _Handler(BaseHTTPRequestHandler):
     def bridge(self) -> JobBridge:
         return self.server.bridge
 
-    @property
-    def routes(self) -> tuple[str, ...]:
-        return _ACTION_ROUTES if self.bridge.generation == "actions" else _ALPHA17_ROUTES
+    def openapi(self) -> dict[str, Any] | None:
+        """The bridge's OpenAPI document, served on GET /openapi.json; None: not served."""
+        return None
+
+    def _route(self, path: str, raw: Any, fault: Fault | None) -> None:
+        """Answers a POST to one of the generation's routes beyond the fetch: `raw`, the
+        request's JSON; `fault`, a fault on demand the route plays itself (faults.py)."""
+        raise NotImplementedError
 
     def do_GET(self) -> None:
         path = urlsplit(self.path).path
-        if path == "/openapi.json":
-            self._reply(200, json.dumps(openapi_document()).encode(), "application/json")
+        document = self.openapi() if path == "/openapi.json" else None
+        if document is not None:
+            self._reply(200, json.dumps(document).encode(), "application/json")
         elif path in self.routes:
             self._reply(405, b"", None, allow="POST")
         else:
@@ -87,7 +86,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         path = urlsplit(self.path).path
         if path not in self.routes:
-            if path == "/openapi.json":
+            if path == "/openapi.json" and self.openapi() is not None:
                 self._reply(405, b"", None, allow="GET")
             else:
                 self._reply(404, b"", None)
@@ -104,37 +103,13 @@ class _Handler(BaseHTTPRequestHandler):
                 self._answer_fault(path, fault, raw)
                 return
             if path == "/resources/fetch":
-                reference = deserialized(BODY_REFERENCE, raw)
+                reference = deserialized(self.fetch_reference, raw)
                 if fault is not None:
                     say(self.bridge.name, f"fault on demand: {path} hands out truncated files")
                 fetched = self.bridge.fetch(reference, truncated=fault is not None)
                 self._reply(200, json.dumps(fetched).encode(), "application/json")
-            elif path == "/resources/send" and self.bridge.generation == "actions":
-                self.bridge.send_now(deserialized(ACTION_SEND_REQUEST, raw))
-                self._reply(200, b"", None)
-            elif path == "/resources/send":
-                self.bridge.send(deserialized(SEND_REQUEST, raw))
-                self._reply(200, b"", None)
-            elif path == "/resources/receive" and self.bridge.generation == "actions":
-                request = deserialized(ACTION_RECEIVE_REQUEST, raw)
-                if fault is not None:
-                    say(self.bridge.name, f"fault on demand: {path} writes slowly")
-                received = self.bridge.receive_one(request, fault.seconds if fault else 0.0)
-                if received is None:
-                    self._reply(204, b"", None)
-                else:
-                    self._reply(200, json.dumps(received).encode(), "application/json")
-            elif path == "/resources/receive":
-                events = self.bridge.open_stream(deserialized(RECEIVE_REQUEST, raw))
-                if fault is not None:
-                    say(self.bridge.name, f"fault on demand: {path} ends after one event")
-                self._stream(events, cut=fault is not None)
-            elif path == "/action/update":
-                answer = self.bridge.action(wire(shaped(ACTION_REQUEST, raw)))
-                self._reply(200, json.dumps(answer).encode(), "application/json")
             else:
-                answer = self.bridge.status(shaped(PROGRESS, raw))
-                self._reply(200, json.dumps(answer).encode(), "application/json")
+                self._route(path, raw, fault)
         except BridgeRefusal as exc:
             self._reply(exc.status, exc.body, exc.content_type)
 
@@ -169,35 +144,3 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
         self.wfile.flush()
-
-    def _stream(self, events: queue.Queue[dict[str, Any] | None] | None, cut: bool = False) -> None:
-        """Serves the SSE stream (chunked, as the worker's HTTP stack does) until it ends;
-        `cut`: ends it after its first event (a fault on demand)."""
-        self.close_connection = True
-        self.send_response(200, "OK")
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        self.wfile.flush()  # the client waits for the head before any event comes
-        try:
-            while events is not None:
-                try:
-                    event = events.get(timeout=self.bridge.keepalive_s)
-                except queue.Empty:
-                    chunk = b": keepalive\n\n"
-                else:
-                    if event is None:
-                        break
-                    chunk = b"data: " + json.dumps(event).encode() + b"\n\n"
-                self.wfile.write(b"%X\r\n%s\r\n" % (len(chunk), chunk))
-                self.wfile.flush()
-                if cut and chunk.startswith(b"data:"):
-                    break
-            self.wfile.write(b"0\r\n\r\n")
-            self.wfile.flush()
-        except OSError:
-            pass  # the client went away: the stream is over, later pushes go unannounced
-        finally:
-            if events is not None:
-                self.bridge.close_stream()

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hypha.accelerate_executor.errors import UsageError
-from hypha.accelerate_executor.shim.worker_facts import console_script
+from hypha.accelerate_executor.worker_facts import console_script
 
 TOKENS = re.compile(r"\{(SOCKET_PATH|WORK_DIR|JOB_JSON)\}")
 # No `--job {JOB_JSON}`: the job reaches the executor as JOB_JSON in its environment, as

@@ -9,8 +9,8 @@ import uuid
 from contextlib import suppress
 from pathlib import Path
 
-from hypha.accelerate_executor.errors import WorkerError
-from hypha.accelerate_executor.shim.worker_facts import MAX_SOCKET_PATH_BYTES
+from hypha.accelerate_executor.worker_facts import MAX_SOCKET_PATH_BYTES
+from hypha.standin.errors import WorkerError
 
 
 def make_work_dir(work_base: Path, owner: tuple[int, int] | None) -> Path:

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hypha.accelerate_executor.errors import BackendError, CoordinatorError, WorkerError
 from hypha.accelerate_executor.protocol.generation import Generation
 from hypha.accelerate_executor.supervisor import (
     Interrupts,
@@ -29,16 +28,17 @@ from hypha.accelerate_executor.supervisor import (
     Supervisor,
     signal_exit_status,
 )
-from hypha.accelerate_executor.telemetry import wanted as telemetry_wanted
 from hypha.standin.backend import BridgeBackend
 from hypha.standin.console import say, warn
+from hypha.standin.errors import BackendError, CoordinatorError, WorkerError
 from hypha.standin.job_status import (
     ERR_TAIL_BYTES,
     OUT_TAIL_BYTES,
     Tail,
     job_status,
 )
-from hypha.standin.worker.bridge_server import BridgeServer
+from hypha.standin.worker.bridge_server import WorkerSettings
+from hypha.standin.worker.bridges import BRIDGES, generation_for
 from hypha.standin.worker.executor_entries import ExecutorEntry, substitute
 from hypha.standin.worker.faults import Fault, FaultPlan
 from hypha.standin.worker.stdout_echo import StdoutEcho
@@ -48,6 +48,14 @@ if TYPE_CHECKING:
     # Only the TCP client's type: urllib3, which it needs, is not in the runtime images,
     # where `selftest` runs this worker against a coordinator in its own process.
     from hypha.standin.coordinator.client import CoordinatorClient
+
+# The OpenTelemetry SDK's endpoint variables (the OTLP exporter spec): a worker with one set,
+# and the SDK not disabled, has telemetry configured.
+OTLP_ENDPOINT_VARIABLES = (
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+)
 
 # A Hypha worker signals only its direct child, SIGKILLs it 5 s later, and leaves what the
 # child started alone (docs/protocol.md section 1): the local worker plays exactly that.
@@ -104,18 +112,16 @@ class LocalWorker:
     def run(self, job_json: str, backend: BridgeBackend) -> JobResult:
         """Runs the job's executor to its end and cleans up after it."""
         work_dir = make_work_dir(self.work_base, self.owner)
-        generation = self.generation or _generation_of(job_json)
+        generation = self.generation or generation_for(job_json)
         try:
-            bridge = BridgeServer(
-                work_dir,
-                backend,
+            settings = WorkerSettings(
                 owner=self.owner,
                 keepalive_s=self.keepalive_s,
                 name=f"{self.name} bridge",
-                generation=generation,
                 job_id=str(json.loads(job_json)["job_id"]),
                 strict_receive=self.strict_receive,
             )
+            bridge = BRIDGES[generation].for_worker(work_dir, backend, settings)
             bridge.faults = FaultPlan(self.faults)
             try:
                 bridge.start()
@@ -125,7 +131,7 @@ class LocalWorker:
                 ) from None
             try:
                 exit_code, status = self._run_executor(
-                    work_dir, bridge.socket_path, job_json, generation == "actions"
+                    work_dir, bridge.socket_path, job_json, bridge.reports_job_status
                 )
             finally:
                 bridge.stop()
@@ -265,7 +271,7 @@ def telemetry_env(worker: str, env: dict[str, str]) -> dict[str, str]:
     """A later Hypha worker with telemetry configured hands its executors its OTEL_*
     variables (they are in `env`, passed on whole) with its own service name and resource
     attributes (docs/telemetry.md): here the worker's name as `hypha.worker.name`."""
-    if not telemetry_wanted(env):
+    if not _telemetry_configured(env):
         return {}
     given = env.get("OTEL_RESOURCE_ATTRIBUTES")
     return {
@@ -274,6 +280,9 @@ def telemetry_env(worker: str, env: dict[str, str]) -> dict[str, str]:
     }
 
 
-def _generation_of(job_json: str) -> Generation:
-    config = json.loads(job_json)["executor"]["config"]
-    return "alpha17" if "updates" in config else "actions"
+def _telemetry_configured(env: dict[str, str]) -> bool:
+    """Whether the worker's own OpenTelemetry SDK would export: the spec's rule, read here
+    rather than from the executor's telemetry/, which decides for the executor's side."""
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    return any(env.get(name) for name in OTLP_ENDPOINT_VARIABLES)

@@ -7,9 +7,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from hypha.accelerate_executor.tools.selftest.devices import Host
-from hypha.accelerate_executor.tools.selftest.runs import BareRun, ExecutorRun, OomCheck
-from hypha.accelerate_executor.tools.selftest.workload import ModelSize
+from hypha.selftest.devices import Host
+from hypha.selftest.runs import BareRun, ExecutorRun, OomCheck
+from hypha.selftest.workload import ModelSize
 
 # Below this share of the bare loop's speed the verdict warns: the executor's own cost per
 # step is then worth a look (bench/ measures its parts). It does not fail the host.

@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hypha.accelerate_executor.protocol.generation import AnyJob
-from hypha.accelerate_executor.tools.selftest.workload import ModelSize
+from hypha.selftest.workload import ModelSize
 from hypha.standin.coordinator.core import CoordinatorCore
 from hypha.standin.data_service.assets import Assets
 from hypha.standin.data_service.service import Catalog
+from hypha.standin.generations import build_core
 from hypha.standin.jobs import Generation, RunOptions
 from hypha.standin.worker.executor_entries import EXECUTOR_ARGS, ExecutorEntry
 from hypha.standin.worker.worker import LocalWorker
@@ -91,7 +92,7 @@ def job_options(size: ModelSize, rounds: int, generation: Generation) -> RunOpti
 
 def start_job(assets: Assets, options: RunOptions) -> tuple[CoordinatorCore, dict[str, Any]]:
     """The stand-in's scheduler, data node and parameter server, and the job it assigns."""
-    core = CoordinatorCore(Catalog.from_assets(assets), options, name=WORKER)
+    core = build_core(Catalog.from_assets(assets), options, name=WORKER)
     return core, core.assign_job(WORKER)
 
 

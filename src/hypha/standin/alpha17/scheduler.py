@@ -23,7 +23,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-from hypha.accelerate_executor.errors import ProgressError
 from hypha.accelerate_executor.protocol.alpha17.messages import (
     Continue,
     Done,
@@ -31,6 +30,7 @@ from hypha.accelerate_executor.protocol.alpha17.messages import (
     SchedulerAnswer,
     ScheduleUpdate,
 )
+from hypha.standin.errors import ProgressError
 
 TIME_CAP_MS = 10_000
 STEPS_CAP = 3

@@ -30,9 +30,9 @@ from typing import Any
 from hypha.accelerate_executor import __version__
 from hypha.accelerate_executor.entry import OneLineArgumentParser, run_main
 from hypha.accelerate_executor.errors import UsageError
-from hypha.accelerate_executor.tools.selftest.devices import Host, peak_tflops, probe_host
-from hypha.accelerate_executor.tools.selftest.report import Report, as_json, judge, render
-from hypha.accelerate_executor.tools.selftest.workload import SIZES, ModelSize
+from hypha.selftest.devices import Host, peak_tflops, probe_host
+from hypha.selftest.report import Report, as_json, judge, render
+from hypha.selftest.workload import SIZES, ModelSize
 from hypha.standin.jobs import GENERATIONS
 
 PROG = "selftest"
@@ -189,7 +189,7 @@ def parameter_counts(size: ModelSize) -> tuple[int, int]:
     # module under it fails (the import makes tensors of its own).
     import transformers.models.gpt2.modeling_gpt2  # noqa: F401
 
-    from hypha.accelerate_executor.tools.selftest.workload import SelftestSpec
+    from hypha.selftest.workload import SelftestSpec
     from hypha.standin.data_service.assets import build_model
 
     with torch.device("meta"):
@@ -210,8 +210,8 @@ def selftest(args: argparse.Namespace) -> int:
     import yaml  # type: ignore[import-untyped]  # no stubs in the dev env
 
     from hypha.accelerate_executor.protocol.generation import Ambiguous, parse_any_job_bytes
-    from hypha.accelerate_executor.tools.selftest import runs
-    from hypha.accelerate_executor.tools.selftest.workload import SelftestSpec
+    from hypha.selftest import runs
+    from hypha.selftest.workload import SelftestSpec
     from hypha.standin.data_service.assets import ensure_assets
 
     host = probe_host()
@@ -274,7 +274,7 @@ def run_device_checks(
 ) -> None:
     """The checks only GPUs have: micro-batching on the device's allocator, and the
     all-reduce between devices."""
-    from hypha.accelerate_executor.tools.selftest import runs
+    from hypha.selftest import runs
 
     host = report.host
     if "oom" in skip:
