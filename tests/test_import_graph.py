@@ -185,6 +185,39 @@ def test_the_executor_imports_neither_the_standin_nor_the_selftest() -> None:
     assert not reached, "\n".join(reached)
 
 
+# The bridge generations, each a folder in every layer that has one of its own
+# (protocol/, training/, the stand-in), and the one module per layer that names them all:
+# retiring a generation deletes its folders and one row in each of these.
+GENERATION_FOLDERS = ("alpha17", "actions")
+GENERATION_TABLES = {
+    f"{EXECUTOR}.protocol.generation",  # which generation a job is for, the probe
+    f"{EXECUTOR}.training.main",  # each generation's loop
+    "standin.generations",  # each generation's coordinator
+    "standin.worker.bridges",  # each generation's bridge
+}
+
+
+def generation_of_module(module: str) -> str | None:
+    return next((g for g in GENERATION_FOLDERS if g in module.split(".")), None)
+
+
+def test_each_generation_is_reached_only_from_its_own_folders_and_the_tables() -> None:
+    wrong = [
+        f"{module} imports {target}"
+        for module, targets in graph().items()
+        for target in sorted(targets)
+        if (wanted := generation_of_module(target)) is not None
+        and generation_of_module(module) != wanted
+        and module not in GENERATION_TABLES
+    ]
+    assert not wrong, "\n".join(wrong)
+    # The tables do name both (so that this test cannot pass by finding no generation).
+    edges = graph()
+    for table in GENERATION_TABLES:
+        named = {generation_of_module(target) for target in edges[table]}
+        assert {"alpha17", "actions"} & named, table
+
+
 def test_no_modules_import_each_other_in_a_circle() -> None:
     assert not circles(graph())
 

@@ -16,7 +16,6 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from types import FrameType
 
-from hypha.standin.actions.coordinator import ActionCoordinator
 from hypha.standin.console import say, warn
 from hypha.standin.coordinator.client import CoordinatorClient
 from hypha.standin.coordinator.report import finish
@@ -167,7 +166,6 @@ def _run(
 
     def run_late_worker(worker: LocalWorker) -> None:
         # Only the action protocol has late joiners (RunOptions refuses them otherwise).
-        assert isinstance(coordinator, ActionCoordinator)
         if coordinator.wait_for_round(1, timeout_s):
             say("demo", f"{worker.name} joins after round 1 (a late joiner)")
             run_worker(worker)

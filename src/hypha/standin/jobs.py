@@ -10,11 +10,6 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal, get_args
 
 from hypha.accelerate_executor.errors import UsageError
-from hypha.accelerate_executor.protocol.actions.job import (
-    ActionModelSpec,
-    ActionPreprocessorSpec,
-    ActionTrainConfig,
-)
 from hypha.accelerate_executor.protocol.generation import GENERATIONS, Generation
 from hypha.accelerate_executor.protocol.job import (
     CosineWithWarmup,
@@ -167,9 +162,10 @@ def huggingface(repository: str, filenames: tuple[str, ...]) -> HuggingFaceRefer
     return HuggingFaceReference(type="huggingface", repository=repository, filenames=filenames)
 
 
-def train_config(options: RunOptions, catalog: Catalog, scheduler_peer: str) -> ActionTrainConfig:
-    """The training config both generations' job specs share, declared through the executor's
-    models (protocol/); each generation's coordinator wraps it in its job (its job_spec)."""
+def train_config(options: RunOptions, catalog: Catalog, scheduler_peer: str) -> dict[str, Any]:
+    """The training config's fields both generations' job specs share, built from the
+    executor's generation-neutral models (protocol/job.py); each generation's coordinator
+    reads them into its own config class and wraps that in its job (its job_spec)."""
     task, input_names = {
         "lenet": ("image-classification", ["pixel_values", "labels"]),
         # What a user writes after reading upstream's data docs: the slices' tensors; the
@@ -178,11 +174,11 @@ def train_config(options: RunOptions, catalog: Catalog, scheduler_peer: str) -> 
     }.get(options.job, ("causal-lm", ["input_ids", "labels"]))
     preprocessor = None
     if catalog.preprocessor_filenames:
-        preprocessor = ActionPreprocessorSpec(
-            task="image",
-            artifact=huggingface(catalog.model_repository, catalog.preprocessor_filenames),
-            input_names=["images"],
-        )
+        preprocessor = {
+            "task": "image",
+            "artifact": huggingface(catalog.model_repository, catalog.preprocessor_filenames),
+            "input_names": ["images"],
+        }
     # Training steps are what a worker trains at the round's target pace.
     steps = options.rounds * -(-options.target_samples // (options.batch_size * options.workers))
     scheduler: CosineWithWarmup | LinearWithWarmup | None = None
@@ -194,22 +190,22 @@ def train_config(options: RunOptions, catalog: Catalog, scheduler_peer: str) -> 
         scheduler = LinearWithWarmup(
             type="linear-with-warmup", warmup_steps=options.warmup_steps, training_steps=steps
         )
-    return ActionTrainConfig(
-        model=ActionModelSpec(
-            task=task,
-            artifact=huggingface(catalog.model_repository, catalog.model_filenames),
-            input_names=input_names,
-        ),
-        data=SchedulerReference(
+    return {
+        "model": {
+            "task": task,
+            "artifact": huggingface(catalog.model_repository, catalog.model_filenames),
+            "input_names": input_names,
+        },
+        "data": SchedulerReference(
             type="scheduler", peer=scheduler_peer, dataset=catalog.dataset_name
         ),
-        optimizer=OptimizerSpec(
+        "optimizer": OptimizerSpec(
             learning_rate=options.learning_rate, betas=options.betas, epsilon=options.epsilon
         ),
-        batch_size=options.batch_size,
-        preprocessor=preprocessor,
-        scheduler=scheduler,
-    )
+        "batch_size": options.batch_size,
+        "preprocessor": preprocessor,
+        "scheduler": scheduler,
+    }
 
 
 # The descriptor of every job the stand-in's scheduler sends.

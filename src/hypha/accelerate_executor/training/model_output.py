@@ -14,8 +14,6 @@ if TYPE_CHECKING:
     import torch
     from accelerate import Accelerator
 
-    from hypha.accelerate_executor.protocol.actions.job import ActionPeersReference
-    from hypha.accelerate_executor.training.actions.bridge import ActionBridgeClient
     from hypha.accelerate_executor.training.diloco import GlobalWeights
     from hypha.accelerate_executor.training.distributed import ModelWeights, Ranks
 
@@ -78,10 +76,11 @@ class ModelOutput:
         self.write(folder)
         return push(folder, repository, token) if self.ranks.is_main else None
 
-    def send(self, client: ActionBridgeClient, target: ActionPeersReference) -> None:
-        """Rank 0: a copy of theta_global for a late joiner, a file of its own, which the
-        bridge deletes once sent. Raises BridgeAnswerError when it did not go."""
+    def send(self, send_file: Callable[[str], None]) -> None:
+        """Rank 0: a copy of theta_global for a late joiner, a file of its own in the work
+        dir, handed to `send_file` (its path relative to the work dir), which sends it and
+        has the bridge delete it; raising as the send does when it did not go."""
         relative = f"models/model-{self.models_sent}.safetensors"
         self.models_sent += 1
         self.global_weights.write_model(self.work_dir / relative)
-        client.send_file(target, relative, remove_file=True)
+        send_file(relative)

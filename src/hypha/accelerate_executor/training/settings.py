@@ -22,15 +22,14 @@ from typing import Any
 
 from hypha.accelerate_executor.errors import UsageError
 from hypha.accelerate_executor.protocol.generation import GENERATIONS
-from hypha.accelerate_executor.training.actions.speculative import (
-    SPECULATIVE_STEP_CHOICES,
-    SPECULATIVE_STEP_ENV,
-)
 
 TRUTHY = ("1", "true", "yes", "on")
 FALSY = ("0", "false", "no", "off")
 PSEUDO_GRADIENT_DTYPES = ("float32", "bfloat16")
 COMPILE_CHOICES = ("auto", "on", "off")
+# The action protocol's speculative step (actions/speculative.py).
+SPECULATIVE_STEP_ENV = "HYPHA_SPECULATIVE_STEP"
+SPECULATIVE_STEP_CHOICES = ("auto", "on", "off")
 
 
 class SettingValueError(ValueError):

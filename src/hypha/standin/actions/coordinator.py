@@ -11,7 +11,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from hypha.accelerate_executor.protocol.actions.job import ActionExecutorSpec, ActionJob
+from hypha.accelerate_executor.protocol.actions.job import (
+    ActionExecutorSpec,
+    ActionJob,
+    ActionTrainConfig,
+)
 from hypha.accelerate_executor.protocol.actions.messages import (
     ACTION_REQUEST,
     BatchCompletedStatus,
@@ -39,7 +43,7 @@ def job_spec(
 ) -> dict[str, Any]:
     """The job JSON for one worker: the action protocol names the peers in its actions, not
     in the job."""
-    config = train_config(options, catalog, scheduler_peer)
+    config = ActionTrainConfig.model_validate(train_config(options, catalog, scheduler_peer))
     executor = ActionExecutorSpec(class_="train", descriptor=DESCRIPTOR, config=config)
     return written(ActionJob(job_id=job_id, executor=executor))
 
@@ -64,17 +68,8 @@ class ActionCoordinator(CoordinatorCore):
         # each has reported `applied-update` (options.broadcast_over).
         self._broadcast_to: set[str] = set()
 
-    def wait_for_round(self, index: int, timeout_s: float | None = None) -> bool:
-        """Waits until round `index` has begun (its previous one broadcast); False if the
-        run was cancelled or ended first."""
-        with self._cond:
-            self._cond.wait_for(
-                lambda: (
-                    self.cancelled is not None or self.finished() or self.actions.round >= index
-                ),
-                timeout_s,
-            )
-            return self.actions.round >= index
+    def _round(self) -> int:
+        return self.actions.round
 
     # The core's hooks.
 

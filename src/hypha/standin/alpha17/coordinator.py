@@ -47,10 +47,7 @@ def job_spec(
     """The job JSON for one worker: alpha.17's config also names where updates go and
     results come from."""
     peers = PeersReference(type="peers", peers=[parameter_server], strategy=Strategy(type="All"))
-    # The shared fields as values: alpha.17's model and preprocessor are classes of its own.
-    shared = train_config(options, catalog, scheduler_peer).model_dump(
-        by_alias=True, exclude_none=True
-    )
+    shared = train_config(options, catalog, scheduler_peer)
     train = TrainConfig.model_validate({**shared, "updates": peers, "results": peers})
     executor = ExecutorSpec(class_="train", descriptor=DESCRIPTOR, config=train)
     return written(Job(job_id=job_id, executor=executor))
@@ -65,6 +62,9 @@ class Alpha17Coordinator(CoordinatorCore):
     def __init__(self, catalog: Catalog, options: RunOptions, **core: Any) -> None:
         super().__init__(catalog, options, **core)
         self.scheduler = BatchScheduler(options.target_samples, options.rounds, self.clock)
+
+    def _round(self) -> int:
+        return self.scheduler.round
 
     def _joined(self, record: WorkerRecord) -> None:
         self.scheduler.add_worker(record.peer_id, self.options.batch_size)

@@ -109,6 +109,10 @@ class CoordinatorCore(ABC):
         )
 
     @abstractmethod
+    def _round(self) -> int:
+        """The round the scheduler is in: how many rounds it has aggregated."""
+
+    @abstractmethod
     def _joined(self, record: WorkerRecord) -> None:
         """A worker's job was assigned: its scheduler adds it."""
 
@@ -158,6 +162,16 @@ class CoordinatorCore(ABC):
                 self.cancelled = reason
                 warn(self.name, f"cancelling all jobs: {reason}")
             self._cond.notify_all()
+
+    def wait_for_round(self, index: int, timeout_s: float | None = None) -> bool:
+        """Waits until round `index` has begun (its previous one broadcast); False if the
+        run was cancelled or ended first."""
+        with self._cond:
+            self._cond.wait_for(
+                lambda: self.cancelled is not None or self.finished() or self._round() >= index,
+                timeout_s,
+            )
+            return self._round() >= index
 
     def wait_finished(self, timeout_s: float | None = None) -> bool:
         """Waits until every worker's job has been assigned and has ended."""

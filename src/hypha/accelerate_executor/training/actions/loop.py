@@ -421,7 +421,8 @@ class ActionTrainer(Workbench):
         if self.client is None:
             return IDLE
         try:
-            self.output.send(self.client, target)
+            client = self.client
+            self.output.send(lambda relative: client.send_file(target, relative, remove_file=True))
         except BridgeAnswerError as exc:
             return error_status("connection", f"sending the model failed: {exc}")
         return SENT_MODEL

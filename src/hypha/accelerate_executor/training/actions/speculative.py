@@ -41,8 +41,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-SPECULATIVE_STEP_ENV = "HYPHA_SPECULATIVE_STEP"
-SPECULATIVE_STEP_CHOICES = ("auto", "on", "off")
 # Only where accelerate's backward is torch's: its own under these couples backward and step.
 _CANNOT_DROP = {
     "DEEPSPEED": "DeepSpeed's engine steps the optimizer inside its backward",
