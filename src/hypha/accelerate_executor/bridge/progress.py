@@ -111,8 +111,11 @@ class StatusReporter:
                 sock.sendall(request)
         return sock
 
-    def answers(self) -> list[StatusAnswer]:
-        """The answers that arrived since the last call, without waiting."""
+    def answers(self, through: int = 0) -> list[StatusAnswer]:
+        """The answers that arrived since the last call: waits for those of the statuses up
+        to batch `through`, not for the others."""
+        while self._in_flight and next(iter(self._in_flight.values())).batch <= through:
+            self._read(wait=True, while_at_least=len(self._in_flight))
         self._read(wait=False)
         return self._take_answers()
 
