@@ -7,7 +7,8 @@ answer): so each status in flight has a connection of its own (a kept-alive one 
 answer has been read, or a new one), and none is queued behind another's answer. All of it
 runs on the training thread, without waiting: a request is written whole at once (a Unix
 socket takes a hundred bytes without blocking), and the step loop reads whichever answers
-have arrived. No sender threads, so nothing competes with the step for the interpreter;
+have arrived; until ScheduleUpdate, alpha.17's loop waits for all but the last status's
+before a batch. No sender threads, so nothing competes with the step for the interpreter;
 bench/step_overhead.py measures what a status costs a step. UpdateInbox holds the job's one
 receive stream open from start to end and queues the files the parameter server pushes.
 """
