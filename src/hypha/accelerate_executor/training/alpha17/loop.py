@@ -135,8 +135,13 @@ class Trainer(Workbench):
             batch = self.carried if self.carried is not None else self.next_batch()
             self.carried = None
             laps.lap("data")
+            # Until ScheduleUpdate has come, a batch starts only once every status before the
+            # last one is answered: a ScheduleUpdate{0} finds at most that one batch past it.
+            through = self.batches_trained - 1 if decision.last_batch is None else 0
             outcome = self.ranks.share(
-                scheduler_decision(self.reporter.answers(), decision) if self.reporter else decision
+                scheduler_decision(self.reporter.answers(through), decision)
+                if self.reporter
+                else decision
             )
             laps.lap("statuses")
             if isinstance(outcome, Done):

@@ -7,7 +7,8 @@ answer): so each status in flight has a connection of its own (a kept-alive one 
 answer has been read, or a new one), and none is queued behind another's answer. All of it
 runs on the training thread, without waiting: a request is written whole at once (a Unix
 socket takes a hundred bytes without blocking), and the step loop reads whichever answers
-have arrived. No sender threads, so nothing competes with the step for the interpreter;
+have arrived; until ScheduleUpdate, alpha.17's loop waits for all but the last status's
+before a batch. No sender threads, so nothing competes with the step for the interpreter;
 bench/step_overhead.py measures what a status costs a step.
 """
 
@@ -109,8 +110,11 @@ class StatusReporter:
                 sock.sendall(request)
         return sock
 
-    def answers(self) -> list[StatusAnswer]:
-        """The answers that arrived since the last call, without waiting."""
+    def answers(self, through: int = 0) -> list[StatusAnswer]:
+        """The answers that arrived since the last call: waits for those of the statuses up
+        to batch `through`, not for the others."""
+        while self._in_flight and next(iter(self._in_flight.values())).batch <= through:
+            self._read(wait=True, while_at_least=len(self._in_flight))
         self._read(wait=False)
         return self._take_answers()
 
