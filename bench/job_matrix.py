@@ -8,7 +8,7 @@ Jobs: `lenet` (the shape of the job Hypha's scheduler sends by default), `causal
 stand-in's tiny GPT-2) and `masked-lm` (its tiny BERT) are the stand-in's own jobs, at
 `--rounds` rounds and their own round length; `resnet` (ResNet with BatchNorm, image
 classification) and `t5` (text to text) are the task matrix's tiny models and slices
-(tests/task_models.py), in the stand-in's job with their task and inputs. Launches: `native`
+(tests/helpers/task_models.py), in the stand-in's job with their task and inputs. Launches: `native`
 runs `python -m hypha.accelerate_executor.training`; `shim` runs `hypha-accelerate run
 --variant cpu`, the executor in the cpu image (`HYPHA_ACCELERATE_IMAGE` names another tag);
 `2-ranks` runs the launcher with the `multi-cpu` accelerate config over 2 processes (gloo).
@@ -81,10 +81,10 @@ class Cell:
 
 
 def task_case(job: str) -> Any:
-    """The task matrix's case (tests/task_models.py) for a task job: its tiny model and
+    """The task matrix's case (tests/helpers/task_models.py) for a task job: its tiny model and
     slices."""
-    sys.path.insert(0, str(REPO / "tests"))
-    from task_models import CASES  # type: ignore[import-not-found]
+    sys.path.insert(0, str(REPO / "tests" / "helpers"))
+    from task_models import CASES
 
     return next(case for case in CASES if case.task == TASK_JOBS[job])
 

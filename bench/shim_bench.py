@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 # The shim tests' stand-in executor image and job set-up.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "shim"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "helpers"))
 from shim_harness import JOB_LABEL, WorkerJob, ensure_test_image, shim_command
 
 

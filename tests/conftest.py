@@ -1,4 +1,7 @@
-"""Fixtures shared by every test folder."""
+"""Fixtures shared by every test folder. The folders follow the code: unit/ by package (in
+this process), system/ (executors as processes against the stand-in), images/, shim/ and
+tools/ (a real Docker engine), bench/ (the benchmarks' smoke tests); helpers/ holds what
+they share, and no test module imports another."""
 
 from __future__ import annotations
 
@@ -14,6 +17,9 @@ from typing import Any
 import pytest
 
 from hypha.accelerate_executor.platform.image_tags import image_tags
+
+# Fixtures more than one test folder uses, from the helpers (tests/helpers/, on pytest's path).
+pytest_plugins = ["standin_fixtures", "shim_fixtures"]
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -97,7 +97,7 @@ if [ "${1:-}" = --torch ]; then
     python -c 'from importlib.metadata import version as v
 print("== tests on", ", ".join(f"{p} {v(p)}" for p in ("torch", "transformers", "accelerate", "deepspeed")))'
     if [ $# -eq 0 ]; then
-        set -- tests --ignore=tests/images --ignore=tests/shim --ignore=tests/bench \
+        set -- tests --ignore=tests/images --ignore=tests/shim --ignore=tests/tools --ignore=tests/bench \
             -m 'not docker and not oracle and not cuda_image'
     fi
     exec pytest "$@"

@@ -1,6 +1,6 @@
 """Each variant's pinned requirements, read as pip reads them. The torch builds of cu126,
 cu129 and rocm64 cannot be fetched here, so for them these files are all there is to check
-(tests/test_variant_pins.py proves each pin names a wheel that exists); what the built
+(tests/unit/platform/test_variant_pins.py proves each pin names a wheel that exists); what the built
 images do is tested on the images: test_image_cpu.py, test_image_cuda.py (cu128 and cu130,
 PyPI's CUDA builds, marked cuda_image) and test_image_standin_gpu.py (the cu126 stage graph
 with a stand-in torch)."""

@@ -4,7 +4,7 @@ image, the shim on a host without torch.
 
 Each row says which torch build a variant carries and where pip finds it, which accelerator
 and runtime version it targets, the NVIDIA driver it needs, and its requirements file under
-docker/requirements/ (the full pinned closure; tests/test_variant_pins.py proves each file
+docker/requirements/ (the full pinned closure; tests/unit/platform/test_variant_pins.py proves each file
 and its row agree, and that the torch build exists).
 """
 

@@ -1,6 +1,6 @@
 """The action-era train scheduler's answers (docs/protocol-actions.md section 4), decided as
 upstream's `crates/scheduler/src/scheduling/rl_scheduler.rs` (index id 66469012466) and the
-train scheduler with `execute-batch{batches}` whose tests tests/local replays
+train scheduler with `execute-batch{batches}` whose tests tests/unit/standin replays
 (`batch_scheduler.rs`, index id 66542311247) decide them, with their `statistics.rs`
 (index id 66460343894) and `simulation.rs` (index id 66551745366):
 
