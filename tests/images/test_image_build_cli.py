@@ -64,10 +64,10 @@ def test_torch_pin_reads_through_includes() -> None:
     )
 
 
-def test_progress_condenses_the_stream_to_step_lines(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_build_log_condenses_the_stream_to_step_lines(capsys: pytest.CaptureFixture[str]) -> None:
     log = io.StringIO()
     log.name = "build.log"
-    progress = build.Progress("cpu", log)
+    progress = build.BuildLog("cpu", log)
     progress.feed(
         [
             {"stream": "Step 1/3 : FROM base AS wheel\n"},

@@ -147,11 +147,7 @@ class ActionTrainer(Workbench):
 
         from hypha.accelerate_executor.training.actions.bridge import ActionBridgeClient
         from hypha.accelerate_executor.training.actions.exchange import AggregateExchange
-        from hypha.accelerate_executor.training.actions.speculative import (
-            AutoSpeculation,
-            SpeculativeStep,
-            cannot_drop,
-        )
+        from hypha.accelerate_executor.training.actions.speculative import speculation
         from hypha.accelerate_executor.training.diloco import GlobalWeights
         from hypha.accelerate_executor.training.model_output import ModelOutput
 
@@ -177,23 +173,13 @@ class ActionTrainer(Workbench):
         )  # fmt: skip
         self.said_lr_multiplier = False
         self.batch_seconds = MIN_LOOP_S  # a recent batch's time, from asking to trained
-        self.ahead: SpeculativeStep | None = None
-        self.auto: AutoSpeculation | None = None  # None: speculating always, or never
-        self.speculation_note = "speculative step off, as asked: each action is awaited"
-        speculative_step = run.speculative_step
-        if speculative_step != "off" and (why := cannot_drop(self.accelerator)) is not None:
-            self.speculation_note = f"speculative step off: {why}; each action is awaited"
-        elif speculative_step != "off":
-            self.ahead = SpeculativeStep(
-                self.step, self.model, self.accelerator.device, super().next_batch
-            )
-            self.speculation_note = "speculative step on"
-            if speculative_step == "auto":
-                self.auto = AutoSpeculation(self.ranks.share, self.say)
-                self.speculation_note = (
-                    "speculative step auto: tried in turns against awaiting each answer, "
-                    "kept where it pays"
-                )
+        chosen = speculation(
+            run.speculative_step, self.accelerator, self.step, self.model,
+            super().next_batch, self.ranks.share, self.say,
+        )  # fmt: skip
+        self.ahead: SpeculativeStep | None = chosen.ahead
+        self.auto: AutoSpeculation | None = chosen.auto  # None: speculating always, or never
+        self.speculation_note = chosen.note
 
     # The loop.
 

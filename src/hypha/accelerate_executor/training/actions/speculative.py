@@ -258,3 +258,38 @@ class AutoSpeculation:
         self._seconds = {True: 0.0, False: 0.0}
         self._batches = {True: 0, False: 0}
         return speculate
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """The speculative step as HYPHA_SPECULATIVE_STEP asks and the accelerator allows: the
+    step computed ahead (None when off), `auto`'s trials of it (None when speculating always,
+    or never), and the line that says which."""
+
+    ahead: SpeculativeStep | None
+    auto: AutoSpeculation | None
+    note: str
+
+
+def speculation(
+    choice: str,
+    accelerator: Accelerator,
+    step: MicroBatchedStep,
+    model: torch.nn.Module,
+    next_batch: Callable[[], Batch],
+    share: Callable[[bool], bool],
+    say: Callable[[str], None],
+) -> Speculation:
+    """`choice`: HYPHA_SPECULATIVE_STEP's auto, on or off."""
+    if choice == "off":
+        return Speculation(None, None, "speculative step off, as asked: each action is awaited")
+    if (why := cannot_drop(accelerator)) is not None:
+        return Speculation(None, None, f"speculative step off: {why}; each action is awaited")
+    ahead = SpeculativeStep(step, model, accelerator.device, next_batch)
+    if choice != "auto":
+        return Speculation(ahead, None, "speculative step on")
+    return Speculation(
+        ahead,
+        AutoSpeculation(share, say),
+        "speculative step auto: tried in turns against awaiting each answer, kept where it pays",
+    )
