@@ -93,6 +93,7 @@ class CoordinatorCore:
                 options.rounds,
                 self.parameter_server_peer,
                 clock,
+                wall=lambda: time.time() + options.scheduler_clock_skew_s,
                 push_destination=push_destination,
             )
         # The peers the update being broadcast has yet to reach (action era): the broadcast
