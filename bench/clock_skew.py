@@ -10,10 +10,11 @@ Each run is the stand-in's coordinator with its scheduler's clock `skew` s ahead
 executor as processes: 2 workers x 3 rounds of the causal-LM job (the demo GPT-2, 30 batches
 of 8 a worker a round). A run's time is from the first `joined` to the last `terminate`
 answer, counted at the workers' way to the coordinator: the executors' start-up comes before
-any deadline and is left out. The runs go in turns (`--repeats`), each turn opening with the
-baseline (no skew), which also closes the last; each ratio is a skew's median over the
-baseline's. Per skew: the exit codes, whether each worker's last answer was `terminate`,
-the rounds aggregated, the aggregates each worker applied, each run's time.
+any deadline and is left out. Each skewed run comes between two runs without skew, and its
+ratio is over their mean, so that the machine's load drifting from run to run cancels; with
+`--repeats`, the runs go in turns and each skew's ratio is the median of its runs'. Per skew:
+the exit codes, whether each worker's last answer was `terminate`, the rounds aggregated,
+the aggregates each worker applied, each run's time.
 """
 
 from __future__ import annotations
@@ -134,11 +135,13 @@ def main(argv: list[str] | None = None) -> int:
     if arguments.smoke:
         rounds, steps, skews, repeats = 1, 3, [0.0, 70.0], 1
     skewed = [skew for skew in skews if skew != 0]
-    # In turns, each turn opening with the baseline, which also closes the last.
-    order = [skew for _ in range(repeats) for skew in (0.0, *skewed)] + [0.0]
+    # In turns, each skew's run between two baseline runs: its ratio is over their mean, so
+    # that the machine's load drifting between runs cancels.
+    order = [run for _ in range(repeats) for skew in skewed for run in (0.0, skew)] + [0.0]
     options = RunOptions(workers=2, rounds=rounds, steps_per_round=steps)
     catalog = Catalog.from_assets(ensure_assets(spec=options.asset_spec()))
     runs: dict[float, list[dict[str, Any]]] = {}
+    timeline: list[tuple[float, float | None]] = []  # (skew, seconds) in the order run
     with (
         tempfile.TemporaryDirectory(prefix="hy-", dir="/tmp") as base,  # short socket paths
         contextlib.redirect_stdout(sys.stderr),  # the stand-in's and executors' own lines
@@ -151,13 +154,20 @@ def main(argv: list[str] | None = None) -> int:
             )
             result = one_run(catalog, run_options, work)
             runs.setdefault(skew, []).append(result)
+            timeline.append((skew, result["seconds"]))
             print(f"skew {skew:+g} s: {result}", file=sys.stderr)
     baselines = [r["seconds"] for r in runs[0.0] if r["seconds"] is not None]
-    baseline = statistics.median(baselines) if baselines else None
+    ratios: dict[float, list[float | None]] = {}
+    for index in range(1, len(timeline) - 1, 2):  # each skewed run between two baselines
+        skew, seconds = timeline[index]
+        around = [timeline[index - 1][1], timeline[index + 1][1]]
+        known = [b for b in around if b is not None]
+        ratio = seconds / (sum(known) / len(known)) if seconds is not None and known else None
+        ratios.setdefault(skew, []).append(ratio)
     print(
         f"clock skew: 2 workers x {rounds} rounds of {options.target_samples} samples, "
-        f"{options.job} job, {repeats} run(s) a skew; no skew "
-        f"{', '.join(f'{b:.1f}' for b in baselines)} s (median the baseline), "
+        f"{options.job} job, {repeats} run(s) a skew, each between two runs without skew "
+        f"({min(baselines, default=0):.1f}-{max(baselines, default=0):.1f} s); "
         f"target <= {TARGET}x"
     )
     print("| scheduler's clock | exit | terminate | aggregated | applied w1/w2 | s | vs no skew |")
@@ -166,8 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     for skew in skewed:
         results = runs[skew]
         ended = [r["seconds"] for r in results if r["seconds"] is not None]
-        seconds = statistics.median(ended) if len(ended) == len(results) else None
-        ratio = seconds / baseline if seconds is not None and baseline else None
+        known = [r for r in ratios[skew] if r is not None]
+        ratio = statistics.median(known) if len(known) == len(ratios[skew]) else None
         worst = max(worst, ratio if ratio is not None else float("inf"))
 
         def each(key: str, results: list[dict[str, Any]] = results) -> str:
