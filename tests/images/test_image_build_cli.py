@@ -64,7 +64,9 @@ def test_torch_pin_reads_through_includes() -> None:
     )
 
 
-def test_the_build_log_condenses_the_stream_to_step_lines(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_build_log_condenses_the_stream_to_step_lines(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     log = io.StringIO()
     log.name = "build.log"
     progress = build.BuildLog("cpu", log)

@@ -197,6 +197,8 @@ def test_batches_zero_a_straggler_a_past_deadline_and_terminate(
 @pytest.mark.slow
 def test_sigterm_in_a_long_idle_ends_cleanly_within_5_s(assets_dir: Path, short_tmp: Path) -> None:
     def script(details: dict[str, Any]) -> Action:
+        # Upstream's idle is half a second: this one reads as a scheduler 599.5 s ahead
+        # (training/actions/scheduler_clock.py), so the executor idles half a second at a time.
         return Idle(later(600))
 
     with action_bridge(assets_dir, short_tmp / "work", script) as (job_json, bridge, backend):

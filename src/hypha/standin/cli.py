@@ -85,6 +85,13 @@ def _run_options_parser() -> OneLineArgumentParser:
         help="actions only: this many more workers, whose jobs begin after round 1 and who "
         "get the model from a peer (default 0)",
     )
+    run.add_argument(
+        "--scheduler-clock-skew",
+        type=float,
+        metavar="SECONDS",
+        help="actions only: the scheduler's clock this many seconds ahead of the workers' "
+        "(negative: behind), every deadline it sends shifted by it (default 0)",
+    )
     run.add_argument("--rounds", type=_count_or_unset, help="DiLoCo rounds (causal-lm 4, lenet 10)")
     run.add_argument(
         "--steps-per-round",
@@ -293,6 +300,7 @@ def _with_run_options(args: argparse.Namespace) -> int:
         "outer_momentum": args.outer_momentum,
         "generation": args.generation,
         "late_workers": args.late_workers,
+        "scheduler_clock_skew_s": args.scheduler_clock_skew,
     }
     options = RunOptions.for_job(
         args.job, **{name: value for name, value in given.items() if value is not None}

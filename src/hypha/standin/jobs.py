@@ -86,6 +86,10 @@ class RunOptions:
     # `min` 2, `grace_ms` 10 000). An update that misses the aggregate goes into the next.
     quorum: int = 2
     grace_s: float = 10.0
+    # Action era: the scheduler's clock runs this many seconds ahead of the workers'
+    # (negative: behind), its every deadline shifted by it (docs/protocol-actions.md,
+    # "Deadlines and clock skew"); the rest of the stand-in keeps the workers' clock.
+    scheduler_clock_skew_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("workers", "rounds", "steps_per_round", "batch_size"):
@@ -99,6 +103,8 @@ class RunOptions:
             raise UsageError("warmup-steps must not be negative")
         if self.learning_rate <= 0 or self.outer_learning_rate <= 0:
             raise UsageError("learning rates must be positive")
+        if self.scheduler_clock_skew_s and self.generation != "actions":
+            raise UsageError("scheduler-clock-skew needs the action protocol (generation actions)")
         if self.late_workers < 0 or (self.late_workers and self.generation != "actions"):
             raise UsageError("late-workers needs the action protocol (--generation actions)")
         if self.broadcast_over is not None and self.broadcast_over not in BROADCAST_OVER:

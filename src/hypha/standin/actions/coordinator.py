@@ -61,6 +61,7 @@ class ActionCoordinator(CoordinatorCore):
             options.rounds,
             self.parameter_server_peer,
             self.clock,
+            wall=lambda: time.time() + options.scheduler_clock_skew_s,
             push_destination=self.push_destination,
         )
         # The peers the update being broadcast has yet to reach: the broadcast is over, and

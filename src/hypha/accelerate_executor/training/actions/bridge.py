@@ -41,6 +41,7 @@ from hypha.accelerate_executor.protocol.actions.messages import (
     parse_action_response,
 )
 from hypha.accelerate_executor.protocol.messages import wire
+from hypha.accelerate_executor.training.actions.scheduler_clock import SchedulerClock
 
 # Beyond a receive's deadline: how long the bridge may take to say 204, and how long its
 # receive directory may go unwritten while a late push still streams in.
@@ -67,13 +68,18 @@ class ActionBridgeClient(BridgeClient):
         super().__init__(socket_path, work_dir)
         self.job_id = job_id
         self.receive_slack_s = RECEIVE_SLACK_S
+        self.scheduler_clock = SchedulerClock()
 
     def update(self, status: Status) -> Action:
-        """Reports `status`; returns the scheduler's next action."""
+        """Reports `status`; returns the scheduler's next action, its deadline on the worker's
+        clock (scheduler_clock.py: the answer's round trip is one of its samples)."""
+        sent = time.time()
         answer = self.post_json(
             ACTION_ROUTE, action_request(self.job_id, status), REQUEST_TIMEOUT_S
         )
-        return parse_action_response(answer, self.job_id)
+        answered = time.time()
+        action = parse_action_response(answer, self.job_id)
+        return self.scheduler_clock.read(status, action, sent, answered)
 
     def send_file(
         self, reference: ActionPeersReference, relative_path: str, remove_file: bool
@@ -93,7 +99,7 @@ class ActionBridgeClient(BridgeClient):
         deadline: float,
         sent: threading.Event | None = None,
     ) -> ReceivedFile | None:
-        """Waits until `deadline` (seconds since the epoch) for one file from the peers;
+        """Waits until `deadline` (the worker's time.time()) for one file from the peers;
         None when none came. A deadline already past is never sent: upstream's bridge takes
         it for no deadline at all and would wait for ever. `sent` is set once the request
         is on the bridge's socket, and cleared when the bridge refuses it with a 204.

@@ -252,7 +252,12 @@ class ActionTrainer(Workbench):
         auto.cycle_ended(seconds, trained, batch_cycle)
 
     def _ask(self, status: Status) -> Action | None:
-        return self.client.update(status) if self.client is not None else None
+        if self.client is None:
+            return None
+        action = self.client.update(status)  # its deadline on our clock (scheduler_clock.py)
+        if (note := self.client.scheduler_clock.take_note()) is not None:
+            self.say(note)  # a large clock skew, told once
+        return action
 
     def perform(self, action: Action | None, arrived: bool = False) -> Status | None:
         """Does `action` on every rank; rank 0's status of it, or None at `terminate`.
