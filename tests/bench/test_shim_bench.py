@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+
 from repo_paths import REPO
 
 BENCH = REPO / "bench" / "shim_bench.py"

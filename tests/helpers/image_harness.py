@@ -13,8 +13,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from repo_paths import REPO
-
 from hypha.accelerate_executor import __version__
 from hypha.accelerate_executor.platform.variants import BY_NAME
 from hypha.standin.coordinator.client import CoordinatorClient
@@ -22,6 +20,7 @@ from hypha.standin.coordinator.server import Catalog, Coordinator, RunOptions, b
 from hypha.standin.data_service.assets import ensure_assets
 from hypha.standin.worker.executor_entries import EXECUTOR_ARGS, ExecutorEntry
 from hypha.standin.worker.worker import LocalWorker, serve_one_job
+from repo_paths import REPO
 
 ROOT = REPO
 CPU_IMAGE = f"hypha-accelerate-executor:{__version__}-cpu"

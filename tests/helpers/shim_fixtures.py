@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from shim_harness import MissingBaseImage, WorkerJob, ensure_test_image, new_worker_job
 
 

@@ -9,10 +9,10 @@ import subprocess
 import uuid
 
 import pytest
-from repo_paths import REPO
 
 from hypha.accelerate_executor.shim.container_spec import LABEL_JOB_ID
 from hypha.standin.coordinator.report import LOSS_RATIO
+from repo_paths import REPO
 
 REPO = REPO
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from image_harness import docker_entry, run_job
 
 from hypha.standin.coordinator.server import RunOptions
+from image_harness import docker_entry, run_job
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

@@ -14,6 +14,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pytest
+
+from hypha.accelerate_executor.platform.image_tags import image_tags
+from hypha.accelerate_executor.platform.variants import BUILDS
+from hypha.standin.coordinator.server import RunOptions
 from image_harness import (
     check_cuda_libraries,
     docker_entry,
@@ -21,10 +25,6 @@ from image_harness import (
     ensure_image,
     run_job,
 )
-
-from hypha.accelerate_executor.platform.image_tags import image_tags
-from hypha.accelerate_executor.platform.variants import BUILDS
-from hypha.standin.coordinator.server import RunOptions
 
 pytestmark = [pytest.mark.docker, pytest.mark.arm64, pytest.mark.slow]
 

@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from image_harness import ROOT
 
 from hypha.accelerate_executor.errors import ShimError
 from hypha.accelerate_executor.tools.builder import command as build
+from image_harness import ROOT
 
 
 def run_build(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

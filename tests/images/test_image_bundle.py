@@ -9,9 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from image_harness import ROOT, hypha_accelerate
-
 from hypha.accelerate_executor import __version__
+from image_harness import ROOT, hypha_accelerate
 
 
 def test_mps_host_bundle_holds_wheel_pins_config_and_launcher(tmp_path: Path) -> None:

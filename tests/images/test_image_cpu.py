@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from image_harness import ARBITRARY_USER, ROOT, docker_run
 
 from hypha.accelerate_executor import __version__
 from hypha.accelerate_executor.platform.variants import BY_NAME
+from image_harness import ARBITRARY_USER, ROOT, docker_run
 
 pytestmark = pytest.mark.docker
 

@@ -22,6 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from hypha.accelerate_executor.platform.image_tags import image_tags
+from hypha.accelerate_executor.platform.variants import BY_NAME
+from hypha.standin.coordinator.server import RunOptions
 from image_harness import (
     CUDA_LIBRARIES,
     check_cuda_libraries,
@@ -30,10 +34,6 @@ from image_harness import (
     ensure_image,
     run_job,
 )
-
-from hypha.accelerate_executor.platform.image_tags import image_tags
-from hypha.accelerate_executor.platform.variants import BY_NAME
-from hypha.standin.coordinator.server import RunOptions
 
 pytestmark = [pytest.mark.docker, pytest.mark.cuda_image]
 

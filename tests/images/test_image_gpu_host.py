@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from image_harness import docker_run
 
 pytestmark = pytest.mark.docker

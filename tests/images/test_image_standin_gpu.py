@@ -14,6 +14,7 @@ import re
 from typing import Any
 
 import pytest
+
 from image_harness import docker_run, hypha_accelerate
 
 pytestmark = pytest.mark.docker

@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 import pytest
+
 from shim_harness import (
     SECRET_TOKEN,
     WORKER_GID,

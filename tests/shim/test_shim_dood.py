@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from shim_harness import BASE_IMAGE, WorkerJob
 
 from hypha.accelerate_executor.errors import ShimError
 from hypha.accelerate_executor.shim.mount_source import translate
+from shim_harness import BASE_IMAGE, WorkerJob
 
 REPO = Path(__file__).resolve().parents[2]
 MOUNTS = [

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+
 from shim_harness import (
     SECRET_TOKEN,
     WORKER_GID,

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from shim_harness import SECRET_TOKEN, WorkerJob, shim_command, wait_for_line, wait_until
 
 HERE = Path(__file__).parent

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from shim_harness import WorkerJob, new_worker_job, wait_for_line, wait_until
 
 pytestmark = pytest.mark.docker

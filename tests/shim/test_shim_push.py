@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from shim_harness import WORKER_GID, WORKER_UID
 
 from hypha.accelerate_executor.platform.image_tags import image_tags
+from shim_harness import WORKER_GID, WORKER_UID
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 TOKEN = "hf_pushThroughTheShimSecret0123456789"

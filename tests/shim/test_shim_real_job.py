@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from shim_harness import WORKER_GID, WORKER_UID, shim_command
 
 from hypha.accelerate_executor.platform.image_tags import image_tags
 from hypha.standin.jobs import JOB_DEFAULTS
+from shim_harness import WORKER_GID, WORKER_UID, shim_command
 
 if TYPE_CHECKING:
     from hypha.standin.jobs import JobKind

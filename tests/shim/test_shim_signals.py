@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 import pytest
+
 from shim_harness import WorkerJob, wait_for_line, wait_until
 
 pytestmark = pytest.mark.docker

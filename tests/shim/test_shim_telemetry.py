@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from shim_harness import WORKER_GID, WORKER_UID
 
 from hypha.accelerate_executor.platform.image_tags import image_tags
 from hypha.accelerate_executor.telemetry import SOCKET_VARIABLE
+from shim_harness import WORKER_GID, WORKER_UID
 from telemetry_job import (
     GRPC_PATHS,
     HEADER_SECRET,

@@ -17,12 +17,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from repo_paths import REPO, TESTS
 
 from hypha.standin.coordinator.server import RunOptions
 from hypha.standin.data_service.assets import ensure_assets
 from hypha.standin.demo import run_demo
 from hypha.standin.worker.worker import ExecutorEntry
+from repo_paths import REPO, TESTS
 
 REPO = REPO
 FSDP_ON_CPU = TESTS / "sharding" / "executor_fsdp_on_cpu.py"

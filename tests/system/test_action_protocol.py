@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 import torch
+from safetensors.torch import load, save
+
 from action_bridges import (
     JOB_ID,
     PS,
@@ -28,8 +30,6 @@ from action_bridges import (
     until,
     zero_update,
 )
-from safetensors.torch import load, save
-
 from hypha.accelerate_executor.bridge.client import probe_generation
 from hypha.accelerate_executor.errors import BridgeError
 from hypha.accelerate_executor.protocol.actions.messages import (

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from job_mutations import mutations
 
 from hypha.accelerate_executor.errors import JobSpecError
 from hypha.accelerate_executor.protocol.generation import parse_any_job_bytes
+from job_mutations import mutations
 
 SAMPLE = 50
 EXECUTOR = [sys.executable, "-m", "hypha.accelerate_executor.training"]

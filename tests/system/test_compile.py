@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 import torch
-from repo_paths import HELPERS
 from safetensors import safe_open
 
 from hypha.accelerate_executor.protocol.alpha17.job import parse_job
@@ -28,6 +27,7 @@ from hypha.standin.alpha17.bridge_http import Alpha17BridgeServer as BridgeServe
 from hypha.standin.coordinator.client import CoordinatorClient
 from hypha.standin.coordinator.server import Catalog, RunOptions, build_coordinator
 from hypha.standin.data_service.assets import ensure_assets
+from repo_paths import HELPERS
 
 pytestmark = pytest.mark.slow
 OPTIONS = RunOptions(

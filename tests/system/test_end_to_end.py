@@ -14,7 +14,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from repo_paths import REPO
 
 from hypha.standin.alpha17.bridge_http import Alpha17BridgeServer as BridgeServer
 from hypha.standin.coordinator.client import CoordinatorClient
@@ -22,6 +21,7 @@ from hypha.standin.coordinator.server import Catalog, RunOptions, build_coordina
 from hypha.standin.data_service.assets import ensure_assets
 from hypha.standin.demo import run_demo
 from hypha.standin.worker.executor_entries import ExecutorEntry, preset
+from repo_paths import REPO
 
 REPO = REPO
 EXECUTOR = [sys.executable, "-m", "hypha.accelerate_executor.training"]

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from action_bridges import (
     PS,
     action_bridge,
@@ -20,7 +21,6 @@ from action_bridges import (
     until,
     zero_update,
 )
-
 from hypha.accelerate_executor.errors import UsageError
 from hypha.accelerate_executor.protocol.actions.messages import (
     ApplyUpdate,

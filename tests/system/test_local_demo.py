@@ -10,13 +10,13 @@ import json
 import sys
 
 import pytest
-from repo_paths import HELPERS
 
 from hypha.standin import cli
 from hypha.standin.coordinator.report import LOSS_RATIO
 from hypha.standin.coordinator.server import RunOptions
 from hypha.standin.demo import run_demo
 from hypha.standin.worker.executor_entries import EXECUTOR_ARGS, ExecutorEntry, preset
+from repo_paths import HELPERS
 
 TOY = ExecutorEntry(sys.executable, (str(HELPERS / "toy_executor.py"), *EXECUTOR_ARGS))
 

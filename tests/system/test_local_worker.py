@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-from repo_paths import TESTS
 
 from hypha.accelerate_executor.errors import UsageError
 from hypha.standin.coordinator.client import CoordinatorClient
@@ -25,6 +24,7 @@ from hypha.standin.worker.executor_entries import (
     substitute,
 )
 from hypha.standin.worker.worker import LocalWorker, serve_one_job
+from repo_paths import TESTS
 
 EXAMPLE_TOML = TESTS / "data" / "worker-executors.toml"
 

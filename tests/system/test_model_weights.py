@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from repo_paths import REPO, TESTS
 
 from hypha.accelerate_executor.platform.launcher.plan import free_port
+from repo_paths import REPO, TESTS
 
 REPO = REPO
 CHECK = TESTS / "sharding" / "model_weights_check.py"

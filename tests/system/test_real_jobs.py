@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 import torch
-from repo_paths import TESTS
 from safetensors.torch import load_file, save_file
 
 from hypha.standin.alpha17.bridge_http import Alpha17BridgeServer as BridgeServer
 from hypha.standin.coordinator.client import CoordinatorClient
 from hypha.standin.coordinator.server import Catalog, RunOptions, build_coordinator
 from hypha.standin.data_service.assets import ensure_assets
+from repo_paths import TESTS
 
 LENET_SOURCE = TESTS / "lenet"
 REPOSITORY = "hypha-space/lenet"

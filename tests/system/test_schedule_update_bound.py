@@ -21,7 +21,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from unix_http import serving
 
 from hypha.accelerate_executor.bridge.client import BridgeClient
 from hypha.accelerate_executor.protocol.alpha17.messages import Continue, ScheduleUpdate
@@ -33,6 +32,7 @@ from hypha.standin.data_service.assets import ensure_assets
 from hypha.standin.demo import supervise
 from hypha.standin.worker.executor_entries import preset
 from hypha.standin.worker.worker import LocalWorker, serve_one_job
+from unix_http import serving
 
 # Several of the demo model's steps (tens of ms on one thread, more beside the hogs): the old
 # loop trained on while the answers travelled, so each round ran many batches past its counter.

@@ -21,10 +21,9 @@ from typing import Any
 
 import pytest
 import torch
-from action_bridges import action_bridge, push_once_receiving, zero_update
-from repo_paths import REPO
 from safetensors.torch import load
 
+from action_bridges import action_bridge, push_once_receiving, zero_update
 from hypha.accelerate_executor.platform.launcher.plan import free_port
 from hypha.accelerate_executor.protocol.actions.messages import (
     Action,
@@ -35,6 +34,7 @@ from hypha.accelerate_executor.protocol.actions.messages import (
     Terminate,
 )
 from hypha.standin.actions.scheduler import peers
+from repo_paths import REPO
 
 REPO = REPO
 FSDP_ON_CPU = REPO / "tests" / "sharding" / "executor_fsdp_on_cpu.py"

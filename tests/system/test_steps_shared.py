@@ -10,9 +10,9 @@ import subprocess
 import sys
 
 import pytest
-from repo_paths import REPO, TESTS
 
 from hypha.accelerate_executor.platform.launcher.plan import free_port
+from repo_paths import REPO, TESTS
 
 REPO = REPO
 CHECK = TESTS / "sharding" / "batch_share_check.py"

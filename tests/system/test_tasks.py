@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 import torch
-from task_models import CASES, TaskCase
 
 from hypha.accelerate_executor.protocol.alpha17.job import parse_job
 from hypha.accelerate_executor.protocol.tasks import TASKS, Trains
 from hypha.standin.alpha17.bridge_http import Alpha17BridgeServer as BridgeServer
 from hypha.standin.coordinator.client import CoordinatorClient
 from hypha.standin.coordinator.server import RunOptions, build_coordinator
+from task_models import CASES, TaskCase
 
 pytestmark = pytest.mark.slow
 OPTIONS = RunOptions(

@@ -15,15 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from telemetry_job import (
-    GRPC_PATHS,
-    HEADER_SECRET,
-    check_arrived,
-    otlp_endpoint,
-    rounds_printed,
-    run_two_workers,
-    telemetry_variables,
-)
 
 from hypha.accelerate_executor.protocol.generation import GENERATIONS, Generation
 from hypha.accelerate_executor.shim.otlp_relay import OtlpRelay
@@ -35,6 +26,15 @@ from hypha.accelerate_executor.shim.otlp_upstream import (
 )
 from hypha.accelerate_executor.telemetry import SOCKET_VARIABLE, Telemetry, wanted
 from hypha.standin.otlp_receiver import Receiver
+from telemetry_job import (
+    GRPC_PATHS,
+    HEADER_SECRET,
+    check_arrived,
+    otlp_endpoint,
+    rounds_printed,
+    run_two_workers,
+    telemetry_variables,
+)
 
 
 @pytest.fixture

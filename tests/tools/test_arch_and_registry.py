@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from shim_harness import WorkerJob, build_small_image, shim_command
 
 from hypha.accelerate_executor.platform.arch import host_arch
 from hypha.accelerate_executor.platform.image_tags import image_tags
 from hypha.accelerate_executor.platform.launcher.plan import free_port
+from shim_harness import WorkerJob, build_small_image, shim_command
 
 pytestmark = pytest.mark.docker
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 from docker.errors import ImageNotFound
-from shim_harness import build_small_image
 
 from hypha.accelerate_executor.platform.arch import host_arch
 from hypha.accelerate_executor.tools.builder.command import image_ids, remove_replaced
+from shim_harness import build_small_image
 
 pytestmark = pytest.mark.docker
 

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from shim_harness import WORKER_GID, WORKER_UID, shim_command
 
 from hypha.accelerate_executor import __version__
 from hypha.accelerate_executor.platform.image_tags import CONTAINER_VARIANTS
+from shim_harness import WORKER_GID, WORKER_UID, shim_command
 
 
 def doctor(

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from hypha.accelerate_executor.platform.image_tags import CONTAINER_VARIANTS, image_tags
 from shim_harness import (
     SECRET_TOKEN,
     TEST_IMAGE,
@@ -22,8 +24,6 @@ from shim_harness import (
     shim_command,
     wait_for_line,
 )
-
-from hypha.accelerate_executor.platform.image_tags import CONTAINER_VARIANTS, image_tags
 
 TOKENS = ["--socket", "{SOCKET_PATH}", "--work-dir", "{WORK_DIR}"]
 

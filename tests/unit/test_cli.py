@@ -12,9 +12,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from repo_paths import REPO
 
 from hypha.accelerate_executor import cli
+from repo_paths import REPO
 
 ROOT = REPO
 

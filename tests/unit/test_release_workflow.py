@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 import yaml
-from repo_paths import REPO
 
 from hypha.accelerate_executor.platform.variants import BUILDS, CONTAINER_VARIANTS
 from hypha.accelerate_executor.tools import publish
 from hypha.accelerate_executor.tools.builder import command as build
+from repo_paths import REPO
 
 WORKFLOW = REPO / ".github" / "workflows" / "release.yml"
 

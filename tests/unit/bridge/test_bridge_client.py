@@ -13,8 +13,6 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
-from repo_paths import TESTS
-from unix_http import QuietHandler, serving
 
 from hypha.accelerate_executor.bridge import client as bridge
 from hypha.accelerate_executor.bridge.retry import RetryPolicy
@@ -27,6 +25,8 @@ from hypha.accelerate_executor.protocol.alpha17.messages import (
 )
 from hypha.accelerate_executor.protocol.job import SchedulerReference
 from hypha.accelerate_executor.training.alpha17.bridge import Alpha17Bridge
+from repo_paths import TESTS
+from unix_http import QuietHandler, serving
 
 PS_PEER = "12D3KooWJ6MBkbH3o7j2yhhDAF7gRxA4Zm5cpuEUr2Znp1VvNBw3"
 

@@ -10,7 +10,6 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
-from unix_http import QuietHandler, serving
 
 from hypha.accelerate_executor.bridge.client import BridgeClient
 from hypha.accelerate_executor.bridge.retry import (
@@ -27,6 +26,7 @@ from hypha.accelerate_executor.protocol.job import SchedulerReference
 from hypha.accelerate_executor.training.actions.bridge import ActionBridgeClient
 from hypha.accelerate_executor.training.alpha17.bridge import Alpha17Bridge
 from hypha.accelerate_executor.training.alpha17.status_reporter import StatusReporter
+from unix_http import QuietHandler, serving
 
 QUICK = RetryPolicy(first_pause_s=0.01, max_pause_s=0.05, total_s=0.5)
 SLICE = SchedulerReference(type="scheduler", peer="12D3KooWsched", dataset="d")

@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from repo_paths import REPO
 
 from hypha.accelerate_executor.platform.gpus import (
     DEV_OVERRIDE,
@@ -24,6 +23,7 @@ from hypha.accelerate_executor.platform.gpus import (
     verdict,
 )
 from hypha.accelerate_executor.platform.variants import BY_NAME, NVIDIA_VARIANTS
+from repo_paths import REPO
 
 ROOT = REPO
 

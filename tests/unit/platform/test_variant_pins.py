@@ -14,9 +14,9 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from repo_paths import REPO
 
 from hypha.accelerate_executor.platform.variants import ARM64_VARIANTS, BUILDS, BY_NAME, VARIANTS
+from repo_paths import REPO
 
 ROOT = REPO
 SCRIPT = ROOT / "docker" / "check_pins.py"

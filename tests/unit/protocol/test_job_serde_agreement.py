@@ -11,6 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from hypha.accelerate_executor.errors import JobSpecError, UntrainableJobError
+from hypha.accelerate_executor.protocol.actions.job import parse_action_job_bytes
+from hypha.accelerate_executor.protocol.alpha17.job import parse_job_bytes
+from hypha.accelerate_executor.protocol.generation import parse_any_job_bytes
 from job_examples import CAUSAL_LM, RUST_ACCEPTS, RUST_REFUSES
 from job_mutations import (
     OracleUnavailable,
@@ -20,11 +25,6 @@ from job_mutations import (
     oracle_verdicts,
     summary,
 )
-
-from hypha.accelerate_executor.errors import JobSpecError, UntrainableJobError
-from hypha.accelerate_executor.protocol.actions.job import parse_action_job_bytes
-from hypha.accelerate_executor.protocol.alpha17.job import parse_job_bytes
-from hypha.accelerate_executor.protocol.generation import parse_any_job_bytes
 
 pytestmark = pytest.mark.oracle
 

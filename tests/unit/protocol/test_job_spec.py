@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any, get_args
 
 import pytest
-from job_examples import ACTION_EXAMPLES, CAUSAL_LM, EXAMPLES, RUST_ACCEPTS, RUST_REFUSES
 
 from hypha.accelerate_executor.errors import JobSpecError, UntrainableJobError
 from hypha.accelerate_executor.protocol.actions.job import ActionJob
@@ -18,6 +17,7 @@ from hypha.accelerate_executor.protocol.alpha17.job import Job, parse_job
 from hypha.accelerate_executor.protocol.generation import Ambiguous, parse_any_job_bytes
 from hypha.accelerate_executor.protocol.job import ModelTask
 from hypha.accelerate_executor.protocol.tasks import TASKS, Trains
+from job_examples import ACTION_EXAMPLES, CAUSAL_LM, EXAMPLES, RUST_ACCEPTS, RUST_REFUSES
 
 
 def test_examples_exist() -> None:

@@ -17,7 +17,6 @@ import pytest
 import torch
 from accelerate import Accelerator
 from safetensors.torch import save_file
-from unix_http import QuietHandler, serving
 
 from hypha.accelerate_executor.protocol.actions.job import ActionPeersReference
 from hypha.accelerate_executor.training.actions import exchange as exchange_module
@@ -25,6 +24,7 @@ from hypha.accelerate_executor.training.actions.bridge import ActionBridgeClient
 from hypha.accelerate_executor.training.actions.exchange import AggregateExchange
 from hypha.accelerate_executor.training.diloco import GlobalWeights, moved_by
 from hypha.accelerate_executor.training.distributed import Ranks
+from unix_http import QuietHandler, serving
 
 PS = "12D3KooWParameterServer"
 TARGET = ActionPeersReference.model_validate(

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
-from unix_http import QuietHandler, serving
 
 from hypha.accelerate_executor.bridge.client import BridgeClient
 from hypha.accelerate_executor.errors import DataError, ExecutorError
@@ -24,6 +23,7 @@ from hypha.accelerate_executor.training.data import (
     worker_batches,
 )
 from hypha.accelerate_executor.training.tensorfile import layout
+from unix_http import QuietHandler, serving
 
 
 @pytest.fixture

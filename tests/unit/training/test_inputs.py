@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 import torch
-from repo_paths import TESTS
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
@@ -21,6 +20,7 @@ from hypha.accelerate_executor.training.inputs import (
     ModelInputs,
     slice_names,
 )
+from repo_paths import TESTS
 
 JOB = TESTS / "data" / "job-causal-lm.json"
 LENET = TESTS / "lenet"

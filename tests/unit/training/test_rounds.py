@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from unix_http import QuietHandler, serving
 
 from hypha.accelerate_executor.bridge.client import BridgeClient
 from hypha.accelerate_executor.errors import BridgeError, SchedulerError
@@ -29,6 +28,7 @@ from hypha.accelerate_executor.protocol.job import LinearWithWarmup, WarmupStabl
 from hypha.accelerate_executor.training.alpha17.loop import TRAIN_ON, Decision, scheduler_decision
 from hypha.accelerate_executor.training.alpha17.status_reporter import StatusAnswer, StatusReporter
 from hypha.accelerate_executor.training.optimization import build_lr_schedule
+from unix_http import QuietHandler, serving
 
 
 def answers(*pairs: tuple[int, SchedulerAnswer]) -> list[StatusAnswer]:

@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from repo_paths import TESTS
 
 from hypha.accelerate_executor.errors import UsageError
 from hypha.accelerate_executor.training.settings import SETTINGS, from_environment
+from repo_paths import TESTS
 
 EXECUTOR = [sys.executable, "-m", "hypha.accelerate_executor.training"]
 JOB = TESTS / "data" / "job-causal-lm.json"  # fits both generations

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from unix_http import serving
 
 from hypha.accelerate_executor.bridge import client as bridge_client
 from hypha.accelerate_executor.bridge.client import BridgeClient
@@ -25,6 +24,7 @@ from hypha.accelerate_executor.errors import BridgeError, BridgeGoneError
 from hypha.accelerate_executor.protocol.alpha17.messages import Continue, ScheduleUpdate
 from hypha.accelerate_executor.training.alpha17 import status_reporter
 from hypha.accelerate_executor.training.alpha17.status_reporter import StatusReporter
+from unix_http import serving
 
 CONTINUE = b'{"type": "Continue"}'
 Script = Callable[[socket.socket, bytes], bool]  # (connection, request) -> keep the connection

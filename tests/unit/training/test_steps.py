@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_models import LeNetish, adamw, batch, gradient_of_one_step, sgd, stepper
 
 from hypha.accelerate_executor.errors import NoLossError, OutOfMemory
 from hypha.accelerate_executor.training.optimization import build_adamw
 from hypha.accelerate_executor.training.settings import SettingValueError, micro_batch_size
 from hypha.accelerate_executor.training.steps import loss_of
+from tiny_models import LeNetish, adamw, batch, gradient_of_one_step, sgd, stepper
 
 
 @pytest.mark.parametrize("form", ["object", "mapping", "tensor", "tuple"])

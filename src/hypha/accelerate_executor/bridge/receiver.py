@@ -1,6 +1,7 @@
 """A receive kept open for the whole job, both generations' (alpha.17's one update stream, the
 action protocol's receive from the parameter servers): on a daemon thread, one receive after
-the other, each file it brings moved aside and queued for `take`.
+the other, each file it brings queued for `take` (moved aside first, where the next push
+could overwrite it).
 
 Why kept open: upstream's worker refuses a push that comes while no receive is registered
 (libp2p-stream offers only registered protocols; docs/faults.md), and a parameter server
@@ -47,13 +48,18 @@ class KeptOpenReceiver:
         socket_path: Path,
         policy: RetryPolicy,
         accept: Callable[[ReceivedFile], bool] = lambda received: True,
+        move_aside: bool = True,
         name: str = "hypha-receive",
     ) -> None:
-        """`accept`: whether a file that came is one the job wants (others are dropped)."""
+        """`accept`: whether a file that came is one the job wants (others are dropped).
+        `move_aside`: whether each file is renamed before it is queued, since the bridge
+        writes the next push from the same peer to the same path; False where the next push
+        cannot come before this file is used (and the file is then the caller's to keep)."""
         self._open = open_receive
         self._socket_path = socket_path
         self._policy = policy
         self._accept = accept
+        self._move_aside = move_aside
         self._files: queue.Queue[ReceivedFile] = queue.Queue()
         self._ended: Exception | None = None  # what ended the loop (the bridge gone, ...)
         # Since a receive last opened or ended well: the failures in a row, the last of
@@ -118,11 +124,12 @@ class KeptOpenReceiver:
                         self._failures, self._failed = 0, None
                         if not self._accept(received):
                             continue
-                        # The bridge writes the next push from the same peer to the same path.
-                        taken += 1
-                        aside = received.path.with_name(f"{received.path.name}.{taken}")
-                        received.path.rename(aside)
-                        self._files.put(replace(received, path=aside))
+                        if self._move_aside:
+                            taken += 1
+                            aside = received.path.with_name(f"{received.path.name}.{taken}")
+                            received.path.rename(aside)
+                            received = replace(received, path=aside)
+                        self._files.put(received)
                 except BridgeError as exc:
                     self._sent.clear()
                     if not self._socket_path.exists():

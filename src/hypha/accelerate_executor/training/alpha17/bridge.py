@@ -119,6 +119,9 @@ def update_inbox(bridge: Alpha17Bridge, results: PeersReference) -> KeptOpenRece
         bridge.socket_path,
         bridge.retry_policy,
         accept=lambda received: not accepted or received.from_peer in accepted,
+        # The next update comes only after this one is merged and reported: the bridge's
+        # overwriting it then is what keeps the work dir at one update's size.
+        move_aside=False,
     )
     inbox.wait_open()
     return inbox

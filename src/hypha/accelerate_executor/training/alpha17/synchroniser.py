@@ -87,10 +87,8 @@ class Synchroniser:
         answer = self.bridge.status("update-received")
         expect(answer, Continue, Done, sent="update-received")
         # The parameter server had the previous round's file before it sent that round's
-        # update, and the update is merged; deleting a model-sized file takes a while, so
-        # not on the sync's path.
+        # update; deleting a model-sized file takes a while, so not on the sync's path.
         previous = self.bridge.work_dir / f"pseudo-gradients/round-{round_number - 1}.safetensors"
-        for spent in (previous, received.path):
-            threading.Thread(target=spent.unlink, kwargs={"missing_ok": True}, daemon=True).start()
+        threading.Thread(target=previous.unlink, kwargs={"missing_ok": True}, daemon=True).start()
         laps.lap("report")
         return SyncRound(answer, size, laps.parts)
