@@ -21,103 +21,38 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import statistics
 import sys
 import tempfile
-import threading
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 if __name__ == "__main__" and not __package__:
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from hypha.standin.coordinator.client import CoordinatorClient, JobBackend
-from hypha.standin.coordinator.server import Catalog, RunOptions, build_coordinator
+from hypha.standin.coordinator.server import Catalog, RunOptions
 from hypha.standin.data_service.assets import ensure_assets
-from hypha.standin.worker.executor_entries import preset
-from hypha.standin.worker.worker import LocalWorker, serve_one_job
+
+# The pool and what it notes, shared with the clock-skew test.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "helpers"))
+from watched_pool import applied, run_pool
 
 SKEWS = (0.0, 2.0, -2.0, 15.0, -15.0, 70.0, -70.0, 300.0, -300.0)
 TARGET = 1.1
 RUN_TIMEOUT_S = 600.0  # a run that has not ended by then is cancelled and reported
 
 
-@dataclass
-class Seen:
-    """One worker's statuses and answers, timed."""
-
-    states: list[str] = field(default_factory=list)
-    kinds: list[str] = field(default_factory=list)
-    sent_rounds: list[int] = field(default_factory=list)
-    joined_at: float | None = None
-    ended_at: float | None = None  # its `terminate` answer
-
-
-class Watched:
-    """A job's way to the coordinator, noting each status and answer."""
-
-    def __init__(self, backend: JobBackend, seen: Seen) -> None:
-        self._backend, self._seen = backend, seen
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._backend, name)
-
-    def action(self, request: dict[str, Any]) -> dict[str, Any]:
-        details, seen = request["status"]["details"], self._seen
-        seen.states.append(details["state"])
-        if details["state"] == "joined" and seen.joined_at is None:
-            seen.joined_at = time.monotonic()
-        if details["state"] == "sent-update":
-            seen.sent_rounds.append(int(details["round"]))
-        answer = self._backend.action(request)
-        seen.kinds.append(answer["next"]["action"]["kind"])
-        if seen.kinds[-1] == "terminate":
-            seen.ended_at = time.monotonic()
-        return answer
-
-
-def applied(seen: Seen) -> int:
-    """Aggregates applied: the executor's round at its last send, plus one for an
-    `applied-update` after that send."""
-    if "sent-update" not in seen.states:
-        return 0
-    last = len(seen.states) - 1 - seen.states[::-1].index("sent-update")
-    return seen.sent_rounds[-1] + int("applied-update" in seen.states[last:])
-
-
 def one_run(catalog: Catalog, options: RunOptions, base: Path) -> dict[str, Any]:
-    seen = {name: Seen() for name in ("w1", "w2")}
-    codes: dict[str, int] = {}
-    threads = str(max(1, (os.cpu_count() or 1) // 2))
-    with build_coordinator(catalog, options) as coordinator:
-        client = CoordinatorClient(coordinator.url)
-
-        def run(name: str) -> None:
-            worker = LocalWorker(name, preset("process"), base, env={"OMP_NUM_THREADS": threads})
-            backend = lambda job_id: Watched(client.backend(job_id), seen[name])  # noqa: E731
-            codes[name] = serve_one_job(client, worker, backend)
-
-        running = [threading.Thread(target=run, args=(n,), daemon=True) for n in seen]
-        for thread in running:
-            thread.start()
-        for thread in running:
-            thread.join(RUN_TIMEOUT_S)
-        if any(thread.is_alive() for thread in running):
-            coordinator.cancel(f"the run did not end within {RUN_TIMEOUT_S:g} s")
-            for thread in running:
-                thread.join(30)
-        summary = coordinator.summary()
-    begun = [s.joined_at for s in seen.values() if s.joined_at is not None]
-    ended = [s.ended_at for s in seen.values()]
+    run = run_pool(catalog, options, base, RUN_TIMEOUT_S)
+    seen = run.seen.values()
+    begun = [s.joined_at for s in seen if s.joined_at is not None]
+    ended = [s.ended_at for s in seen]
     finished = bool(begun) and all(at is not None for at in ended)
     return {
-        "codes": "/".join(str(codes.get(name, "-")) for name in seen),
-        "terminated": all(s.kinds and s.kinds[-1] == "terminate" for s in seen.values()),
-        "aggregated": len(summary["aggregations"]),
-        "applied": "/".join(str(applied(s)) for s in seen.values()),
+        "codes": "/".join(str(run.codes.get(name, "-")) for name in run.seen),
+        "terminated": all(s.kinds and s.kinds[-1] == "terminate" for s in seen),
+        "aggregated": len(run.summary["aggregations"]),
+        "applied": "/".join(str(applied(s)) for s in seen),
         "seconds": max(at for at in ended if at is not None) - min(begun) if finished else None,
     }
 
