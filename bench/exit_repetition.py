@@ -14,7 +14,7 @@ it, in a child process of its own whose stdout and stderr (every rank's) are rea
   native  the image's launcher on this machine: accelerate-configs/multi-cpu.yaml, 2 processes
   image   the same through the shim in the cpu image (`hypha-accelerate run --variant cpu`)
   fsdp2   accelerate launch with the shipped fsdp config (FSDP2) over 2 gloo processes, through
-          tests/sharding/executor_fsdp_on_cpu.py, which lifts accelerate's GPU-only gate
+          tests/sharding/executor_on_cpu_as_on_gpus.py, which lifts accelerate's GPU-only gate
   zero2   the launcher with the shipped deepspeed-zero2 config, 2 processes (gloo on the CPU)
 
 and, named only on request, the cause made to show in a few runs (bench/exit_race.py says how):
@@ -172,7 +172,7 @@ def executor_entry(path: str, folder: Path) -> tuple[ExecutorEntry, tuple[int, i
         text = text.replace("use_cpu: false", "use_cpu: true")
         config = folder / "fsdp.yaml"
         config.write_text(text.replace("mixed_precision: bf16", "mixed_precision: 'no'"))
-        script = REPO / "tests" / "sharding" / "executor_fsdp_on_cpu.py"
+        script = REPO / "tests" / "sharding" / "executor_on_cpu_as_on_gpus.py"
         entry = ExecutorEntry(
             sys.executable,
             ("-m", "accelerate.commands.launch", "--config_file", str(config),

@@ -61,8 +61,8 @@ def pseudo_gradient_bytes(dtype: str) -> int:
     model = accelerator.prepare(DEMO.build())
     weights = ModelWeights(accelerator, model, canonical_names(model))
     with tempfile.TemporaryDirectory() as folder:
-        return GlobalWeights(weights.gather()).write_pseudo_gradient(
-            weights.gather(), Path(folder) / "pseudo-gradient", getattr(torch, dtype)
+        return GlobalWeights(weights.local()).write_pseudo_gradient(
+            weights.local(), Path(folder) / "pseudo-gradient", getattr(torch, dtype)
         )
 
 

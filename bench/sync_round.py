@@ -45,7 +45,7 @@ from hypha.accelerate_executor.protocol.alpha17.messages import (
 from hypha.accelerate_executor.training.alpha17.bridge import Alpha17Bridge
 from hypha.accelerate_executor.training.alpha17.synchroniser import PARTS as SYNC_PARTS
 from hypha.accelerate_executor.training.alpha17.synchroniser import Synchroniser
-from hypha.accelerate_executor.training.distributed import ModelWeights, canonical_names
+from hypha.accelerate_executor.training.distributed import ModelWeights, Ranks, canonical_names
 from hypha.standin.alpha17.bridge_http import Alpha17BridgeServer as BridgeServer
 from hypha.standin.coordinator.server import Catalog, RunOptions, build_coordinator
 from hypha.standin.data_service.assets import ensure_assets
@@ -86,8 +86,9 @@ class WorkerSide:
         self.weights = ModelWeights(accelerator, self.model, canonical_names(self.model))
         config = job.config
         self.synchroniser = Synchroniser(
-            self.weights, bridge, config.updates, config.results, getattr(torch, dtype)
-        )
+            self.weights, Ranks(accelerator), bridge.work_dir, bridge, config.updates,
+            config.results, getattr(torch, dtype),
+        )  # fmt: skip
 
     @torch.no_grad()
     def train_stand_in(self) -> float:
@@ -107,7 +108,7 @@ class WorkerSide:
         raise BenchError("the scheduler never answered ScheduleUpdate in 100 batches")
 
     def save_file_once(self, path: Path) -> float:
-        tensors = self.weights.gather()
+        tensors = self.weights.local()
         started = time.perf_counter()
         save_file(tensors, path)
         seconds = time.perf_counter() - started

@@ -62,7 +62,7 @@ def main(kind: str) -> None:
     unique = weights.names
     assert "lm_head.weight" not in unique, "the tied LM head travels once, as its embedding"
 
-    gathered = weights.gather()
+    gathered = weights.local()
     expected = reference.state_dict()
     if is_main:
         assert sorted(gathered) == sorted(unique)
@@ -82,14 +82,14 @@ def main(kind: str) -> None:
         reference_logits = reference(tokens.to(reference.device)).logits
         logits = model(tokens.to(accelerator.device)).logits
     torch.testing.assert_close(logits.float().cpu(), reference_logits, msg="forward after load")
-    reloaded = weights.gather()
+    reloaded = weights.local()
     for name in reloaded:
         torch.testing.assert_close(reloaded[name].float().cpu(), new[name], msg=name)
 
     loss = model(tokens.to(accelerator.device), labels=tokens.to(accelerator.device)).loss
     accelerator.backward(loss)
     optimizer.step()
-    moved = weights.gather()
+    moved = weights.local()
     if is_main:
         assert any(not torch.equal(moved[name].float().cpu(), new[name]) for name in unique), (
             "an optimizer step after load changed nothing: it lost the live parameters"

@@ -25,7 +25,7 @@ from hypha.standin.worker.worker import ExecutorEntry
 from repo_paths import REPO, TESTS
 
 REPO = REPO
-FSDP_ON_CPU = TESTS / "sharding" / "executor_fsdp_on_cpu.py"
+FSDP_ON_CPU = TESTS / "sharding" / "executor_on_cpu_as_on_gpus.py"
 BRIDGE_ARGS = ("--socket", "{SOCKET_PATH}", "--work-dir", "{WORK_DIR}", "--job", "{JOB_JSON}")
 pytestmark = pytest.mark.slow
 

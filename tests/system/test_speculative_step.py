@@ -37,7 +37,7 @@ from hypha.standin.actions.scheduler import peers
 from repo_paths import REPO
 
 REPO = REPO
-FSDP_ON_CPU = REPO / "tests" / "sharding" / "executor_fsdp_on_cpu.py"
+FSDP_ON_CPU = REPO / "tests" / "sharding" / "executor_on_cpu_as_on_gpus.py"
 PS = "12D3KooWJ6MBkbH3o7j2yhhDAF7gRxA4Zm5cpuEUr2Znp1VvNBw3"
 SOURCE = peers([PS], "All")
 

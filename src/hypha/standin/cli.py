@@ -66,8 +66,9 @@ def _run_options_parser() -> OneLineArgumentParser:
         "--job",
         choices=JOB_KINDS,
         default="causal-lm",
-        help="causal-lm (tiny GPT-2, default) or lenet (the default Hypha job's shape: LeNet as "
-        "remote code, an image processor, 1000-sample slices, batch 600)",
+        help="causal-lm (tiny GPT-2, default), llama (the same with a tiny Llama, which tensor "
+        "parallelism can split), lenet (the default Hypha job's shape: LeNet as "
+        "remote code, an image processor, 1000-sample slices, batch 600) or bert-mlm",
     )
     run.add_argument("--workers", type=int, default=2, help="number of workers (default 2)")
     run.add_argument(

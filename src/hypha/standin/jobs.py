@@ -20,11 +20,11 @@ from hypha.accelerate_executor.protocol.job import (
     OptimizerSpec,
     SchedulerReference,
 )
-from hypha.standin.data_service.assets import AssetKind, AssetSpec, MaskedLmSpec
+from hypha.standin.data_service.assets import AssetKind, AssetSpec, LlamaSpec, MaskedLmSpec
 from hypha.standin.data_service.lenet import LeNetSpec
 from hypha.standin.data_service.service import Catalog
 
-JobKind = Literal["causal-lm", "lenet", "bert-mlm"]
+JobKind = Literal["causal-lm", "llama", "lenet", "bert-mlm"]
 JOB_KINDS: tuple[JobKind, ...] = get_args(JobKind)
 LrSchedule = Literal["cosine-with-warmup", "linear-with-warmup", "constant"]
 LR_SCHEDULES: tuple[LrSchedule, ...] = get_args(LrSchedule)
@@ -136,6 +136,8 @@ class RunOptions:
     def asset_spec(self) -> AssetKind:
         if self.job == "bert-mlm":
             return MaskedLmSpec()
+        if self.job == "llama":
+            return LlamaSpec()
         return LeNetSpec() if self.job == "lenet" else AssetSpec()
 
 

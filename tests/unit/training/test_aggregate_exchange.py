@@ -109,13 +109,15 @@ def test_an_aggregate_pushed_before_apply_update_is_merged_once(played, tmp_path
     assert problem is None and size > 0 and exchange.awaited == "due"
     assert torch.equal(bridge.sent[0]["w"], torch.ones(4))  # theta_local - theta_global
     bridge.push(UPDATE)  # the round's aggregate, before apply-update reaches us
-    assert exchange.apply(SOURCE, time.time() + 10, keep=False) is None
+    assert exchange.apply(SOURCE, time.time() + 10) is None
+    exchange.merge_accepted(keep=False)
     exchange.applied()
     assert torch.equal(exchange.global_weights.tensors["w"], torch.full((4,), 0.5))
+    assert not list((tmp_path / "incoming").glob("accepted-*"))  # read by every rank, gone
     assert int(exchange.global_weights.tensors["steps"]) == 3
     assert exchange.awaited == "none" and not exchange.arrived()
     # Nothing more comes: a second apply-update finds nothing, and merges nothing twice.
-    problem = exchange.apply(SOURCE, time.time() + 0.5, keep=False)
+    problem = exchange.apply(SOURCE, time.time() + 0.5)
     assert problem is not None and "nothing arrived" in problem.message
     assert torch.equal(exchange.global_weights.tensors["w"], torch.full((4,), 0.5))
     assert bridge.pushed == 1
@@ -129,14 +131,15 @@ def test_an_aggregate_late_past_the_wait_is_merged_at_a_later_action(
     exchange, said = exchange_on(client, tmp_path)
     exchange.send(LOCAL, TARGET, torch.float32, weight=1.0)
     # The next action that trains comes before the aggregate: waited for once, then late.
-    assert not exchange.apply_held(arrived=False, keep=True)
+    assert not exchange.apply_held(arrived=False)
     assert exchange.awaited == "late"
     assert "did not come within 0.3 s" in said[-1]
     bridge.push(UPDATE)
     deadline = time.time() + 10
     while not exchange.arrived() and time.time() < deadline:
         time.sleep(0.01)
-    assert exchange.apply_held(arrived=True, keep=True)
+    assert exchange.apply_held(arrived=True)
+    exchange.merge_accepted(keep=True)
     exchange.applied()
     # Kept whole, for the local weights to move by it too: their drift stays on top.
     moved = moved_by({"w": torch.full((4,), 2.0), "steps": torch.tensor(5)}, exchange.last_update)
@@ -151,14 +154,16 @@ def test_an_aggregate_without_our_send_is_merged_and_said(played, tmp_path: Path
     exchange, said = exchange_on(client, tmp_path)
     exchange.send(LOCAL, TARGET, torch.float32, weight=1.0)
     bridge.push(UPDATE)
-    assert exchange.apply(SOURCE, time.time() + 10, keep=False) is None
+    assert exchange.apply(SOURCE, time.time() + 10) is None
+    exchange.merge_accepted(keep=False)
     exchange.applied()
-    assert not exchange.apply_held(arrived=False, keep=False)  # none awaited: no look at all
+    assert not exchange.apply_held(arrived=False)  # none awaited: no look at all
     bridge.push(UPDATE)  # the next round, closed without us
     deadline = time.time() + 10
     while not exchange.arrived() and time.time() < deadline:
         time.sleep(0.01)
-    assert exchange.apply_held(arrived=True, keep=False)
+    assert exchange.apply_held(arrived=True)
+    exchange.merge_accepted(keep=False)
     assert "came without our update" in said[-1]
     assert torch.equal(exchange.global_weights.tensors["w"], torch.ones(4))
     assert bridge.receives_opened >= 2  # kept open: a new receive after each file

@@ -45,15 +45,15 @@ def test_round_trip_sends_delta_and_merges_in_place(tmp_path: Path) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     model, optimizer = accelerator.prepare(model, optimizer)
     weights = ModelWeights(accelerator, model, names)
-    start = {n: t.clone() for n, t in weights.gather().items()}
-    global_weights = GlobalWeights(weights.gather())
+    start = {n: t.clone() for n, t in weights.local().items()}
+    global_weights = GlobalWeights(weights.local())
     assert "lm_head.weight" not in global_weights.tensors  # tied: sent once
 
     one_step(model, optimizer)
     sent = tmp_path / "round-1.safetensors"
-    global_weights.write_pseudo_gradient(weights.gather(), sent)
+    global_weights.write_pseudo_gradient(weights.local(), sent)
     delta = load_file(sent)
-    for name, tensor in weights.gather().items():
+    for name, tensor in weights.local().items():
         torch.testing.assert_close(delta[name], tensor - start[name])
         assert delta[name].dtype == torch.float32
 

@@ -7,6 +7,8 @@ CUDA GPU whose Triton and C compiler are there, and nowhere else:
 - ROCm: torch's "cuda" device too, but unmeasured here: off until a ROCm run shows it pays.
 - MPS: inductor's Metal backend is still a prototype in torch 2.13: off.
 - DeepSpeed: its engine's ZeRO hooks are not measured compiled: off (FSDP2 and DDP compile).
+- Tensor parallelism (distributed type "TP" here): its DTensor layers are not measured
+  compiled: off; `on` compiles them, and falls back to eager where that fails.
 
 What is compiled: each block of the model's transformer block list, in place
 (`Module.compile`, which keeps the module and its parameters as they are: no `_orig_mod.`
@@ -50,6 +52,8 @@ def auto_compiles(device: torch.device, distributed_type: str = "NO") -> tuple[b
     module's docstring says how it was decided)."""
     if distributed_type == "DEEPSPEED":
         return False, "auto: not under DeepSpeed (its ZeRO hooks are not measured compiled)"
+    if distributed_type == "TP":
+        return False, "auto: not under tensor parallelism (not measured compiled)"
     if device.type != "cuda":
         return False, f"auto: not on {device.type} (measured not to pay)"
     if torch.version.hip is not None:

@@ -249,16 +249,17 @@ class SliceStream:
         ranks: Ranks,
     ) -> None:
         """`names`: the tensors a slice must hold, and those taken when it holds them."""
-        if batch_size < ranks.count:
+        if batch_size < ranks.data_count:
             raise DataError(
-                f"batch_size {batch_size} is smaller than the {ranks.count} processes sharing it"
+                f"batch_size {batch_size} is smaller than the {ranks.data_count} processes "
+                "sharing it"
             )
         self._bridge = bridge
         self._own_dir = work_dir / OWN_SLICES_DIR
         self._reference = reference
         self._required, self._optional = names
         self._batch_size = batch_size
-        self._share = Share.of(batch_size, ranks.index, ranks.count)
+        self._share = Share.of(batch_size, ranks.data_index, ranks.data_count)
         self._ranks = ranks
         self._fetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hypha-fetch")
         self._next: Future[Path] | None = None

@@ -10,6 +10,11 @@ becomes theta_global + u for every tensor it holds, and is loaded into the model
 the update leaves out (Hypha's parameter server cannot load booleans, int8, int16, uint64 or
 float8) keeps its global value.
 
+Where the model is sharded (shards.py) each rank keeps theta_global for its own block of every
+tensor only, writes its runs of each file at their offsets and reads only its runs of the
+update: the files hold full tensors, the bytes one process would write, and no rank ever
+assembles the model.
+
 Both files are model-sized, so they stream through a chunk-sized buffer: the subtraction
 is written out while it is still in cache, the update is added in as it is read, and no
 model-sized temporary is ever allocated (first-touch page faults on one cost more than the
@@ -20,21 +25,41 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from io import FileIO
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
-from hypha.accelerate_executor.errors import UpdateError
-from hypha.accelerate_executor.training.tensorfile import layout, read_layout
+from hypha.accelerate_executor.errors import TensorFileError, UpdateError
+from hypha.accelerate_executor.training.shards import Share
+from hypha.accelerate_executor.training.tensorfile import TensorEntry, layout, read_layout
+
+if TYPE_CHECKING:
+    from hypha.accelerate_executor.training.distributed import Ranks
 
 # Elements per streamed chunk: 4 MiB of fp32, which stays in a core's cache.
 CHUNK = 1 << 20
+# Places per tensor that the digest reads.
+DIGEST_SAMPLES = 4096
 
 
 class GlobalWeights:
-    def __init__(self, weights: dict[str, torch.Tensor]) -> None:
+    """theta_global as this rank holds it: its block of every tensor (shards.py), or the whole
+    model on rank 0 and nothing elsewhere where the model's weights are gathered (one process,
+    DDP, DeepSpeed). Every method is called on every rank, in the same order; each reads and
+    writes only its own runs of the files, at their offsets, and rank 0 writes the header."""
+
+    def __init__(
+        self,
+        weights: dict[str, torch.Tensor],
+        shares: dict[str, Share] | None = None,
+        ranks: Ranks | None = None,
+    ) -> None:
+        """`weights`: this rank's blocks (whole tensors without `shares`); `ranks`: the ranks
+        that hold the rest, None for one process."""
         pin = torch.cuda.is_available()
         self.tensors = {
             name: tensor.detach().to("cpu", _kept_dtype(tensor.dtype), copy=True)
@@ -42,6 +67,10 @@ class GlobalWeights:
         }
         if pin:
             self.tensors = {name: tensor.pin_memory() for name, tensor in self.tensors.items()}
+        self.shares = shares or {
+            name: Share.whole(tuple(tensor.shape)) for name, tensor in self.tensors.items()
+        }
+        self._ranks = ranks
         self._chunks: dict[torch.dtype, torch.Tensor] = {}
 
     def write_pseudo_gradient(
@@ -52,115 +81,212 @@ class GlobalWeights:
         weight: float = 1.0,
     ) -> int:
         """Writes theta_local - theta_global for every tensor to `path`; returns its size.
-        Floating tensors go in `dtype`, the others in their own. `weight` (the action
-        protocol's share of the round's samples) scales the floating differences, computed
-        in fp32 before the cast; a counter or a mask is never scaled."""
-        header, entries = layout(
-            [
-                (name, self._wire_dtype(name, dtype), tuple(self.tensors[name].shape))
-                for name in local
-            ]
-        )
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "wb", buffering=0) as file:
-            file.write(header)
-            for entry in entries:
-                theta_global = self.tensors[entry.name].view(-1)
-                kept = theta_global.dtype
-                theta_local = local[entry.name].detach().to("cpu", kept).reshape(-1)
-                difference = torch.bitwise_xor if kept == torch.bool else torch.sub
-                for start in range(0, entry.numel, CHUNK):
-                    stop = min(start + CHUNK, entry.numel)
-                    delta = difference(
-                        theta_local[start:stop],
-                        theta_global[start:stop],
-                        out=self._chunk(kept, stop - start),
-                    )
-                    if weight != 1.0 and kept.is_floating_point:
-                        delta.mul_(weight)
-                    if entry.dtype != kept:
-                        delta = self._chunk(entry.dtype, stop - start).copy_(delta)
-                    _write_all(file, delta)
-        return len(header) + sum(entry.nbytes for entry in entries)
+        `local`: this rank's blocks of theta_local. Floating tensors go in `dtype`, the others
+        in their own. `weight` (the action protocol's share of the round's samples) scales the
+        floating differences, computed in fp32 before the cast; a counter or a mask is never
+        scaled."""
+
+        def difference(name: str, start: int, stop: int, out: torch.Tensor) -> torch.Tensor:
+            theta_global = self.tensors[name].view(-1)[start:stop]
+            theta_local = local[name].detach().reshape(-1)[start:stop].to("cpu", out.dtype)
+            if out.dtype == torch.bool:  # booleans do not subtract: a change is sent as XOR
+                return torch.bitwise_xor(theta_local, theta_global, out=out)
+            delta = torch.sub(theta_local, theta_global, out=out)
+            return delta.mul_(weight) if weight != 1.0 and out.dtype.is_floating_point else delta
+
+        return self._write(path, list(local), dtype, difference)
+
+    def write_model(self, path: Path) -> int:
+        """theta_global as a safetensors file (what a late joiner loads, and the model a job
+        leaves); its size."""
+
+        def value(name: str, start: int, stop: int, out: torch.Tensor) -> torch.Tensor:
+            return self.tensors[name].view(-1)[start:stop]
+
+        return self._write(path, list(self.shares), None, value, {"format": "pt"})
 
     def merge_update(self, path: Path, keep: bool = False) -> Merged:
-        """theta_global += u for every tensor the update holds. With `keep`, u is also
-        returned whole (read once: the model-sized update is then held, not streamed), for
-        the local weights to move by it too (`moved_by`)."""
+        """theta_global += u for every tensor the update holds. With `keep`, this rank's block
+        of u is also returned (read once: the block is then held, not streamed), for the local
+        weights to move by it too (`moved_by`)."""
         kept: dict[str, torch.Tensor] = {}
+        if not self.tensors:
+            return Merged(0, kept)
         with open(path, "rb", buffering=0) as file:
-            entries = read_layout(file, os.fstat(file.fileno()).st_size)
-            unknown = sorted(entry.name for entry in entries if entry.name not in self.tensors)
-            if unknown:
-                raise UpdateError(
-                    f"update {path.name} holds tensors the model lacks: {', '.join(unknown[:3])}"
-                )
-            for entry in entries:
-                if entry.shape != self.tensors[entry.name].shape:
-                    raise UpdateError(
-                        f"update {path.name}: {entry.name} has shape {entry.shape}, "
-                        f"the model {tuple(self.tensors[entry.name].shape)}"
-                    )
+            entries = self._update_entries(file, path)
             for entry in sorted(entries, key=lambda entry: entry.offset):
                 theta_global = self.tensors[entry.name].view(-1)
-                file.seek(entry.offset)
                 if keep:
-                    whole = torch.empty(entry.numel, dtype=entry.dtype)
-                    _read_exactly(file, whole, path)
-                    add_update(theta_global, whole)
-                    kept[entry.name] = whole.view(entry.shape)
+                    whole = torch.empty(theta_global.numel(), dtype=entry.dtype)
+                    for start, stop, part in self._read_runs(file, entry, path, whole):
+                        add_update(theta_global[start:stop], part)
+                    kept[entry.name] = whole.view(self.shares[entry.name].shape)
                     continue
-                for start in range(0, entry.numel, CHUNK):
-                    stop = min(start + CHUNK, entry.numel)
-                    update = self._chunk(entry.dtype, stop - start)
-                    _read_exactly(file, update, path)
-                    add_update(theta_global[start:stop], update)
+                for start, stop, part in self._read_runs(file, entry, path):
+                    add_update(theta_global[start:stop], part)
         return Merged(len(entries), kept)
+
+    def check_update(self, path: Path) -> int:
+        """How many tensors the update at `path` holds, once its header is checked against
+        the model (what `merge_update` would refuse, without reading the tensors)."""
+        with open(path, "rb", buffering=0) as file:
+            return len(self._update_entries(file, path))
 
     def replace_from(self, path: Path) -> int:
         """theta_global = the model file at `path` (a late joiner's start: a peer's
         theta_global); every tensor of the model must be in it. Returns how many it held."""
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
+        if not self.tensors:
+            return 0
         try:
-            received = load_file(path)
-        except (SafetensorError, OSError) as exc:
+            with open(path, "rb", buffering=0) as file:
+                entries = self._model_entries(file, path)
+                for entry in entries:
+                    if entry.name in self.shares:
+                        theta_global = self.tensors[entry.name].view(-1)
+                        for start, stop, part in self._read_runs(file, entry, path):
+                            theta_global[start:stop].copy_(part)
+        except OSError as exc:
             raise UpdateError(f"model {path.name} cannot be read: {exc}") from None
-        missing = sorted(set(self.tensors) - set(received))
-        if missing:
-            raise UpdateError(f"model {path.name} lacks {', '.join(missing[:3])}")
-        for name, tensor in self.tensors.items():
-            if received[name].shape != tensor.shape:
-                raise UpdateError(
-                    f"model {path.name}: {name} has shape {tuple(received[name].shape)}, "
-                    f"the model {tuple(tensor.shape)}"
-                )
-            tensor.copy_(received[name])
-        return len(received)
+        return len(entries)
+
+    def check_model(self, path: Path) -> int:
+        """How many tensors the model file at `path` holds, once its header is checked to hold
+        every tensor of the model in its shape (what `replace_from` would refuse)."""
+        try:
+            with open(path, "rb", buffering=0) as file:
+                return len(self._model_entries(file, path))
+        except OSError as exc:
+            raise UpdateError(f"model {path.name} cannot be read: {exc}") from None
 
     def digest(self) -> int:
-        """A 24-bit BLAKE2b digest of theta_global, names and bytes in name order: the same
-        on every worker after a round when each applied the same aggregate. 24 bits, so
-        that it survives a float32 metric (upstream's `sent-update` metrics are f32) exactly."""
-        hasher = hashlib.blake2b(digest_size=3)
-        for name in sorted(self.tensors):
-            hasher.update(name.encode())
-            tensor = self.tensors[name].contiguous()
-            hasher.update(tensor.view(-1).view(torch.uint8).numpy().data)
-        return int.from_bytes(hasher.digest(), "big")
+        """A 24-bit digest of theta_global, the same on every worker after a round when each
+        applied the same aggregate, however each one's model is sharded. 24 bits, so that it
+        survives a float32 metric (upstream's `sent-update` metrics are f32) exactly. It
+        weighs each sampled element's bits by its name and its place in the full tensor (at
+        most 4096 places per tensor, evenly spaced: an aggregate moves them all), so that
+        every rank adds its own part and the sum does not depend on who holds what. A
+        collective where the model is sharded."""
+        total = 0
+        for name in sorted(self.shares):
+            share = self.shares[name]
+            if not share.writes:
+                continue
+            salt = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=3).digest(), "big")
+            stride = max(1, share.full_numel // DIGEST_SAMPLES)
+            flat = self.tensors[name].view(-1)
+            for full_start, start, length in share.runs:
+                first = -(-full_start // stride) * stride
+                if first >= full_start + length:
+                    continue
+                places = torch.arange(first, full_start + length, stride, dtype=torch.int64)
+                values = flat[start + first - full_start : start + length : stride]
+                total += _weighed_bits(values, places, salt)
+        if self._ranks is not None:
+            total = self._ranks.sum(total)
+        return total & 0xFFFFFF
 
-    def write_model(self, path: Path) -> int:
-        """theta_global as a safetensors file (what a late joiner loads); its size."""
-        from safetensors.torch import save_file
+    def _write(
+        self,
+        path: Path,
+        names: list[str],
+        dtype: torch.dtype | None,
+        values: Callable[[str, int, int, torch.Tensor], torch.Tensor],
+        metadata: dict[str, str] | None = None,
+    ) -> int:
+        """Every rank writes its runs of `values(name, start, stop, out)` (elements
+        [start, stop) of its block, computed into `out` where it must be computed) at their
+        offsets in `path`; rank 0 writes the header. Floating tensors go in `dtype` (None:
+        their own), the others in their own. Returns the file's size, once every rank wrote."""
+        header, entries = layout(
+            [(name, self._wire_dtype(name, dtype), self.shares[name].full_shape) for name in names],
+            metadata,
+        )
+        size = len(header) + sum(entry.nbytes for entry in entries)
+        if self.tensors:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # Never truncated on open: the other ranks may be writing their runs already.
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+            try:
+                if self._writes_header:
+                    _write_all(descriptor, memoryview(header), 0)
+                    os.ftruncate(descriptor, size)
+                for entry in entries:
+                    share = self.shares[entry.name]
+                    if not share.writes:
+                        continue
+                    kept = self.tensors[entry.name].dtype
+                    for full_start, start, length in share.runs:
+                        for done in range(0, length, CHUNK):
+                            count = min(CHUNK, length - done)
+                            chunk = values(
+                                entry.name, start + done, start + done + count,
+                                self._chunk(kept, count),
+                            )  # fmt: skip
+                            if chunk.dtype != entry.dtype:
+                                chunk = self._chunk(entry.dtype, count).copy_(chunk)
+                            place = entry.offset + (full_start + done) * entry.dtype.itemsize
+                            _write_all(descriptor, _bytes(chunk), place)
+            finally:
+                os.close(descriptor)
+        if self._ranks is not None:
+            self._ranks.barrier()  # the file is whole only once every rank wrote its runs
+        return size
 
-        path.parent.mkdir(parents=True, exist_ok=True)
-        save_file({name: tensor.contiguous() for name, tensor in self.tensors.items()}, path)
-        return path.stat().st_size
+    def _read_runs(
+        self, file: FileIO, entry: TensorEntry, path: Path, into: torch.Tensor | None = None
+    ) -> Iterator[tuple[int, int, torch.Tensor]]:
+        """This rank's block of `entry`, run by run in chunks: (start, stop, values) with the
+        values of block elements [start, stop), in the file's dtype; read into `into` (the
+        whole block) when given, else into a reused chunk."""
+        for full_start, start, length in self.shares[entry.name].runs:
+            for done in range(0, length, CHUNK):
+                count = min(CHUNK, length - done)
+                begin = start + done
+                part = (
+                    into[begin : begin + count]
+                    if into is not None
+                    else self._chunk(entry.dtype, count)
+                )
+                place = entry.offset + (full_start + done) * entry.dtype.itemsize
+                _read_exactly(file, part, path, place)
+                yield begin, begin + count, part
 
-    def _wire_dtype(self, name: str, dtype: torch.dtype) -> torch.dtype:
-        kept = self.tensors[name].dtype
-        return dtype if kept.is_floating_point else kept
+    def _model_entries(self, file: FileIO, path: Path) -> list[TensorEntry]:
+        try:
+            entries = read_layout(file, os.fstat(file.fileno()).st_size)
+        except TensorFileError as exc:
+            raise UpdateError(f"model {path.name} cannot be read: {exc}") from None
+        missing = sorted(set(self.shares) - {entry.name for entry in entries})
+        if missing:
+            raise UpdateError(f"model {path.name} lacks {', '.join(missing[:3])}")
+        self._check_shapes(path, [entry for entry in entries if entry.name in self.shares], "model")
+        return entries
+
+    def _update_entries(self, file: FileIO, path: Path) -> list[TensorEntry]:
+        entries = read_layout(file, os.fstat(file.fileno()).st_size)
+        unknown = sorted(entry.name for entry in entries if entry.name not in self.shares)
+        if unknown:
+            raise UpdateError(
+                f"update {path.name} holds tensors the model lacks: {', '.join(unknown[:3])}"
+            )
+        self._check_shapes(path, entries, "update")
+        return entries
+
+    def _check_shapes(self, path: Path, entries: list[TensorEntry], what: str) -> None:
+        for entry in entries:
+            expected = self.shares[entry.name].full_shape
+            if entry.shape != expected:
+                raise UpdateError(
+                    f"{what} {path.name}: {entry.name} has shape {entry.shape}, the model {expected}"
+                )
+
+    @property
+    def _writes_header(self) -> bool:
+        return self._ranks is None or self._ranks.is_main
+
+    def _wire_dtype(self, name: str, dtype: torch.dtype | None) -> torch.dtype:
+        kept = self.tensors[name].dtype if name in self.tensors else torch.float32
+        return dtype if dtype is not None and kept.is_floating_point else kept
 
     def _chunk(self, dtype: torch.dtype, elements: int) -> torch.Tensor:
         if dtype not in self._chunks:
@@ -209,16 +335,35 @@ def _kept_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype.is_floating_point else dtype
 
 
-def _write_all(file: FileIO, tensor: torch.Tensor) -> None:
-    view = tensor.view(torch.uint8).numpy().data
-    while view:
-        view = view[file.write(view) :]
+def _weighed_bits(values: torch.Tensor, places: torch.Tensor, salt: int) -> int:
+    """The sum of each value's bits, folded to 24, times a weight of its place and name: in
+    24-bit pieces, so that no product or sum leaves an int64."""
+    bits = _bits(values).to(torch.int64)
+    bits = (bits ^ (bits >> 24) ^ (bits >> 48)) & 0xFFFFFF
+    weights = ((places * 2654435761 + salt) & 0xFFFFFF) | 1
+    return int(((bits * weights) & 0xFFFFFF).sum())
 
 
-def _read_exactly(file: FileIO, tensor: torch.Tensor, path: Path) -> None:
-    view = tensor.view(torch.uint8).numpy().data
+def _bits(values: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes as integers of the same width."""
+    width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    return values.contiguous().view(width[values.dtype.itemsize])
+
+
+def _bytes(tensor: torch.Tensor) -> memoryview:
+    return memoryview(tensor.view(torch.uint8).numpy().data).cast("B")
+
+
+def _write_all(descriptor: int, view: memoryview, place: int) -> None:
     while view:
-        count = file.readinto(view)
+        written = os.pwrite(descriptor, view, place)
+        view, place = view[written:], place + written
+
+
+def _read_exactly(file: FileIO, tensor: torch.Tensor, path: Path, place: int) -> None:
+    view = _bytes(tensor)
+    while view:
+        count = os.preadv(file.fileno(), [view], place)
         if not count:
             raise UpdateError(f"update {path.name} ends before its last tensor")
-        view = view[count:]
+        view, place = view[count:], place + count

@@ -1,4 +1,4 @@
-"""What rank 0 decides, every rank learns; and the model's full weights, however sharded.
+"""What rank 0 decides, every rank learns; and the model's weights, however sharded.
 
 Only rank 0 talks to the bridge. Every control decision (train on, synchronise, stop)
 and every slice path travel from rank 0 to the others, so all ranks enter the same
@@ -51,6 +51,13 @@ class Ranks:
                 f"(distributed type {accelerator.distributed_type.value}); check the accelerate "
                 "config: FSDP needs GPUs, on CPU use multi-cpu"
             )
+        # The ranks of one tensor-parallel group (innermost in accelerate's mesh) train on
+        # the same samples: the worker's batch is shared among the data-parallel ranks.
+        from hypha.accelerate_executor.training.parallelism import tensor_parallel_size
+
+        self.per_data_rank = tensor_parallel_size(accelerator)
+        self.data_count = self.count // self.per_data_rank
+        self.data_index = self.index // self.per_data_rank
         self._group: Any = None
         if self.count > 1:
             # Decisions travel over gloo on the CPU, never queued behind GPU work.
@@ -71,6 +78,14 @@ class Ranks:
         value = torch.tensor(int(flag))
         dist.all_reduce(value, op=dist.ReduceOp.MIN, group=self._group)
         return bool(value.item())
+
+    def sum(self, value: int) -> int:
+        """The sum of every rank's `value`, on every rank."""
+        if self.count == 1:
+            return value
+        total = torch.tensor(value, dtype=torch.int64)
+        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=self._group)
+        return int(total.item())
 
     def barrier(self) -> None:
         if self.count > 1:
@@ -97,25 +112,32 @@ def canonical_names(model: torch.nn.Module) -> dict[str, str]:
 
 
 class ModelWeights:
-    """The model's full, unsharded weights: gathered to rank 0, loaded back from rank 0.
+    """The model's weights as this rank holds them (`local`), and loaded back (`load`).
 
-    Replicated models (one process, DDP) are read in place and loaded with copies into
-    the live tensors (so the optimizer's state stays attached to them) and a broadcast.
-    FSDP goes through torch.distributed.checkpoint's full-state-dict API. DeepSpeed reads
-    the fp32 master weights, never a 16-bit gather, and loads both those and the model's
-    own (maybe 16-bit, maybe partitioned) copy.
+    A sharded model (FSDP2, tensor parallelism, both; shards.py) is read and loaded block by
+    block, each rank its own, with no collective: no rank ever holds the whole model. Other
+    layouts are gathered whole onto rank 0. Replicated models (one process, DDP) are read in
+    place and loaded with copies into the live tensors (so the optimizer's state stays
+    attached to them) and a broadcast. FSDP1 goes through torch.distributed.checkpoint's
+    full-state-dict API. DeepSpeed reads the fp32 master weights, never a 16-bit gather, and
+    loads both those and the model's own (maybe 16-bit, maybe partitioned) copy.
     """
 
     def __init__(
         self, accelerator: Accelerator, model: torch.nn.Module, names: dict[str, str]
     ) -> None:
+        from hypha.accelerate_executor.training.shards import is_sharded, shares_of
+
         self._accelerator = accelerator
         self._model = model
         self._module = accelerator.unwrap_model(model)
         self._aliases = names
         self._unique = [name for name, canonical in names.items() if name == canonical]
-        self._kind = _sharding(accelerator, model)
         self._is_main = accelerator.is_main_process
+        self.sharded = is_sharded(self._module)
+        self._kind = DistributedType.NO if self.sharded else _sharding(accelerator, model)
+        # Where each rank's blocks lie; None where rank 0 gathers the whole model.
+        self.shares = shares_of(self._module, self._unique, self._is_main) if self.sharded else None
 
     @property
     def aliases(self) -> dict[str, str]:
@@ -126,8 +148,14 @@ class ModelWeights:
     def names(self) -> list[str]:
         return list(self._unique)
 
-    def gather(self) -> dict[str, torch.Tensor]:
-        """Rank 0: every unique tensor, full size (may be live views). Other ranks: {}."""
+    def local(self) -> dict[str, torch.Tensor]:
+        """This rank's block of every unique tensor (live views) where the model is sharded;
+        else every unique tensor, full size (may be live views), on rank 0 and {} on the
+        others (a collective)."""
+        from hypha.accelerate_executor.training.shards import local_tensors
+
+        if self.sharded:
+            return local_tensors(self._module, self._unique)
         if self._kind == DistributedType.FSDP:
             full = self._fsdp_state(full=None)
         elif self._kind == DistributedType.DEEPSPEED:
@@ -138,8 +166,14 @@ class ModelWeights:
 
     @torch.no_grad()
     def load(self, weights: dict[str, torch.Tensor]) -> None:
-        """Loads rank 0's `weights` (unique names) into the model on every rank, in place."""
-        if self._kind == DistributedType.FSDP:
+        """Loads `weights`, as `local` gives them (this rank's blocks, or rank 0's whole
+        tensors), into the model on every rank, in place."""
+        if self.sharded:
+            from hypha.accelerate_executor.training.shards import local_tensors
+
+            for name, live in local_tensors(self._module, self._unique).items():
+                live.copy_(weights[name])
+        elif self._kind == DistributedType.FSDP:
             if self._is_main:  # tied weights go in under every name they have
                 weights = {name: weights[canonical] for name, canonical in self._aliases.items()}
             self._fsdp_state(full=weights)

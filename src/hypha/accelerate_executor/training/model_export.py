@@ -4,9 +4,11 @@ where the model has one) plus the tokenizer or processor files the job's model a
 with, so that `from_pretrained` on the folder (or the Hub repository it is pushed to) gives
 the trained model ready to use.
 
-The weights written are theta_global, the round's agreed model (diloco.GlobalWeights, held
-on rank 0), never a rank's local drift. Only rank 0 writes; the other ranks write nothing
-(their part of any gather happened when theta_global was taken).
+The weights written are theta_global, the round's agreed model (diloco.GlobalWeights), never
+a rank's local drift. Rank 0 writes the folder. Where the model is sharded no rank holds
+theta_global whole: every rank has written its part of the weights' file already
+(GlobalWeights.write_model), and the folder takes that file with the config save_pretrained
+would write.
 """
 
 from __future__ import annotations
@@ -34,14 +36,16 @@ def write_hf_folder(
     aliases: dict[str, str],
     artifacts: Path,
     destination: Path,
+    weights_file: Path | None = None,
 ) -> list[str]:
     """Writes `model`'s config with `weights` (theta_global, by canonical name; `aliases`
-    maps every state-dict name to its canonical one) as save_pretrained does, then copies
+    maps every state-dict name to its canonical one) as save_pretrained does, or with the
+    safetensors file `weights_file` (moved in as model.safetensors), then copies
     the artifact's other files (tokenizer, processor) beside them. Returns the file names
     written, sorted. Files already in `destination` under those names are overwritten, and
     nothing else there is touched (it may be a directory the operator keeps other things in)."""
     try:
-        return _write(model, weights, aliases, artifacts, destination)
+        return _write(model, weights, aliases, artifacts, destination, weights_file)
     except OSError as exc:
         raise ModelExportError(
             f"writing the model to {destination} failed: {exc.strerror or exc}"
@@ -54,6 +58,7 @@ def _write(
     aliases: dict[str, str],
     artifacts: Path,
     destination: Path,
+    weights_file: Path | None,
 ) -> list[str]:
     destination.mkdir(parents=True, exist_ok=True)
     # Written beside, then moved in: the names save_pretrained chose are what is listed.
@@ -64,7 +69,14 @@ def _write(
         state = {
             name: weights[canonical] for name, canonical in aliases.items() if canonical in weights
         }
-        model.save_pretrained(staging, state_dict=state)  # type: ignore[operator]
+        if weights_file is None:
+            model.save_pretrained(staging, state_dict=state)  # type: ignore[operator]
+        else:
+            model.config.save_pretrained(staging)  # type: ignore[union-attr,operator]
+            generation = getattr(model, "generation_config", None)
+            if generation is not None:
+                generation.save_pretrained(staging)
+            os.replace(weights_file, staging / "model.safetensors")
         for source in sorted(artifacts.iterdir()) if artifacts.is_dir() else []:
             if (
                 source.is_file()

@@ -1,7 +1,8 @@
 """Every way the trained model leaves the executor, in one place: theta_global written as a
 Hugging Face folder (model_export.py), kept in the operator's model dir at the job's end,
 pushed to a Hub repository (hub_push.py), or sent to a peer as one safetensors file (a late
-joiner's start). Only rank 0 writes and sends; the other ranks wait for it where they must.
+joiner's start). Where the model is sharded every rank writes its part of the weights file
+(diloco.py); rank 0 writes the rest and sends; the other ranks wait for it where they must.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     from hypha.accelerate_executor.training.distributed import ModelWeights, Ranks
 
 EXPORT_DIR = "model"  # the work dir's Hugging Face folder that push-to-hub uploads
+EXPORT_WEIGHTS = "model.safetensors"  # the weights' file in it, where the ranks write them
 
 
 class ModelOutput:
@@ -43,17 +45,29 @@ class ModelOutput:
         self.models_sent = 0
 
     def write(self, folder: Path) -> None:
-        """Rank 0 writes theta_global as a Hugging Face folder; every rank waits for it."""
+        """theta_global as a Hugging Face folder: rank 0 writes it, every rank its part of the
+        weights where the model is sharded; every rank waits for it."""
+        from hypha.accelerate_executor.errors import ModelExportError
         from hypha.accelerate_executor.training.model_export import write_hf_folder
 
+        weights_file = None
+        if self.weights.sharded:  # save_pretrained would need the whole model on rank 0
+            weights_file = folder / f".{EXPORT_WEIGHTS}.partial"
+            try:
+                self.global_weights.write_model(weights_file)
+            except OSError as exc:
+                raise ModelExportError(
+                    f"writing the model to {folder} failed: {exc.strerror or exc}"
+                ) from None
         try:
             if self.ranks.is_main:
                 files = write_hf_folder(
                     self.accelerator.unwrap_model(self.model),
-                    self.global_weights.tensors,
+                    {} if weights_file else self.global_weights.tensors,
                     self.weights.aliases,
                     self.work_dir / "artifacts",
                     folder,
+                    weights_file,
                 )
                 self.say(f"wrote the model to {folder}: {', '.join(files)}")
         finally:
@@ -76,11 +90,13 @@ class ModelOutput:
         self.write(folder)
         return push(folder, repository, token) if self.ranks.is_main else None
 
-    def send(self, send_file: Callable[[str], None]) -> None:
-        """Rank 0: a copy of theta_global for a late joiner, a file of its own in the work
-        dir, handed to `send_file` (its path relative to the work dir), which sends it and
-        has the bridge delete it; raising as the send does when it did not go."""
+    def send(self, send_file: Callable[[str], None] | None) -> None:
+        """Every rank: a copy of theta_global for a late joiner, a file of its own in the work
+        dir, handed on rank 0 to `send_file` (its path relative to the work dir; None on the
+        other ranks), which sends it and has the bridge delete it; raising as the send does
+        when it did not go."""
         relative = f"models/model-{self.models_sent}.safetensors"
         self.models_sent += 1
         self.global_weights.write_model(self.work_dir / relative)
-        send_file(relative)
+        if send_file is not None:
+            send_file(relative)

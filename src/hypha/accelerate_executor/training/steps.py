@@ -183,7 +183,7 @@ class MicroBatchedStep:
         # Leaving the except block freed the traceback, and with it the step's tensors. The
         # ranks agree only where some rank has leading micro-batches (the same answer on all:
         # they share the micro-batch size), so a step in one micro-batch waits on no other rank.
-        largest_share = -(-self.batch_size // self.ranks.count)
+        largest_share = -(-self.batch_size // self.ranks.data_count)
         if self.micro_batch_size < largest_share and not self.ranks.all(fits):
             return None
         try:
@@ -211,6 +211,7 @@ class MicroBatchedStep:
         with contextlib.nullcontext() if synchronise else self.accelerator.no_sync(self.model):
             with self.accelerator.autocast():
                 loss = loss_of(self.model(**micro), self.input_names)
-            scale = weight * self.ranks.count  # 1 for a whole batch in one process: no op
+            # Data parallelism averages the gradients over its ranks: scaled back to a sum.
+            scale = weight * self.ranks.data_count  # 1 for a whole batch in one process: no op
             self.backward(loss if scale == 1 else loss * scale)
         return loss.detach() if weight == 1 else loss.detach() * weight

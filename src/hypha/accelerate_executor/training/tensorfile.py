@@ -61,10 +61,12 @@ class TensorEntry:
 
 def layout(
     tensors: list[tuple[str, torch.dtype, tuple[int, ...]]],
+    metadata: dict[str, str] | None = None,
 ) -> tuple[bytes, list[TensorEntry]]:
     """The header bytes (length prefix included) for tensors stored in this order, and where
-    each one's bytes go."""
-    entries, header, begin = [], {}, 0
+    each one's bytes go; `metadata` becomes the "__metadata__" entry."""
+    entries, begin = [], 0
+    header: dict[str, object] = {"__metadata__": metadata} if metadata else {}
     for name, dtype, shape in tensors:
         nbytes = math.prod(shape) * dtype.itemsize
         header[name] = {

@@ -78,6 +78,10 @@ class Workbench:
             build_adamw,
             build_lr_schedule,
         )
+        from hypha.accelerate_executor.training.parallelism import (
+            check_parallelism,
+            tensor_parallel_mesh,
+        )
         from hypha.accelerate_executor.training.steps import MicroBatchedStep
 
         self.job = job
@@ -93,11 +97,16 @@ class Workbench:
             if config.preprocessor is not None:
                 self.bridge.fetch(config.preprocessor.artifact)
         self.ranks.barrier()
-        model = load_model(config.model.task, artifacts, trust_remote_code)
+        check_parallelism(self.accelerator, artifacts)
+        tp_mesh = tensor_parallel_mesh(self.accelerator)  # None: each rank loads it whole
+        model = load_model(config.model.task, artifacts, trust_remote_code, tp_mesh)
         names = canonical_names(model)
         # Under ZeRO-3's init the parameters are already partitioned: numel() would be 0.
         self.parameter_count = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
-        sharded = self.accelerator.distributed_type.value in ("FSDP", "DEEPSPEED")
+        sharded = tp_mesh is not None or self.accelerator.distributed_type.value in (
+            "FSDP",
+            "DEEPSPEED",
+        )
         optimizer = build_adamw(
             model.parameters(), adamw_arguments(job), self.accelerator.device, sharded
         )
@@ -107,7 +116,7 @@ class Workbench:
         if config.preprocessor is not None:
             processor = load_preprocessor(config.preprocessor.task, artifacts, trust_remote_code)
         self.inputs = ModelInputs.for_job(
-            job, processor, artifacts, self.accelerator.device, self.ranks.index
+            job, processor, artifacts, self.accelerator.device, self.ranks.data_index
         )
         self.data = SliceStream(
             self.bridge, work_dir, config.data, slice_names(config), config.batch_size, self.ranks
@@ -120,7 +129,10 @@ class Workbench:
             deepspeed.deepspeed_config["train_micro_batch_size_per_gpu"] = share
         # In place, before accelerate wraps it (DDP, FSDP2), as torchtitan orders the two.
         compiled = compile_model(
-            model, compile, self.accelerator.device, self.accelerator.distributed_type.value
+            model,
+            compile,
+            self.accelerator.device,
+            "TP" if tp_mesh is not None else self.accelerator.distributed_type.value,
         )
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.model.train()

@@ -179,6 +179,43 @@ def build_model(spec: AssetSpec) -> GPT2LMHeadModel:
     return GPT2LMHeadModel(config)
 
 
+@dataclass(frozen=True)
+class LlamaSpec(AssetSpec):
+    """The causal-LM job with a tiny Llama instead of GPT-2, on the same data: a model class
+    that ships a tensor-parallel plan (accelerate-configs/tp.yaml). Heads and widths divide
+    by 4, so that up to 4 ranks can split every layer; the embedding and the head are tied
+    off, as in Llama's own configs."""
+
+    intermediate_size: int = 256
+    n_kv_head: int = 4
+
+    model_repository: ClassVar[str] = "local/tiny-llama"
+
+    def cache_key(self) -> str:
+        return cache_key("llama-v1", asdict(self))
+
+    def write_model(self, folder: Path) -> None:
+        import torch
+        from transformers import LlamaConfig, LlamaForCausalLM
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        config = LlamaConfig(
+            vocab_size=self.vocab_size,
+            hidden_size=self.n_embd,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.n_layer,
+            num_attention_heads=self.n_head,
+            num_key_value_heads=self.n_kv_head,
+            max_position_embeddings=self.seq_len,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
+        torch.manual_seed(self.seed)
+        LlamaForCausalLM(config).save_pretrained(folder)
+        _check_written(folder, MODEL_FILENAMES)
+
+
 def _write_model(spec: AssetSpec, folder: Path) -> None:
     from transformers.utils import logging as hf_logging
 

@@ -4,11 +4,13 @@ and how it reads to a human."""
 from __future__ import annotations
 
 import argparse
+import math
 import socket
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from hypha.accelerate_executor.errors import LaunchError
 from hypha.accelerate_executor.platform.launcher.configs import (
@@ -105,6 +107,7 @@ def plan(
             "--num_processes", str(processes),
             "--main_process_port", str(free_port()),
         ]  # fmt: skip
+        command += parallelism_arguments(config, processes, path.name)
         if distributed == "MULTI_CPU":
             # accelerate runs MULTI_CPU through mpirun, which the image lacks; its torchrun
             # path starts the ranks, and this variable puts each of them on the CPU.
@@ -112,6 +115,28 @@ def plan(
             extra_env["ACCELERATE_USE_CPU"] = "True"
         command += training_args
     return Plan(variant, gpus, path, how, processes, distributed, command, extra_env)
+
+
+def parallelism_arguments(config: dict[str, Any], processes: int, name: str) -> list[str]:
+    """`accelerate launch` flags that fit a config's `parallelism_config` block to the
+    processes started: tensor parallelism alone spans them all; with FSDP2 beside it the
+    tp_size stays and dp_shard_size takes the rest. Nothing when the block already fits."""
+    block = config.get("parallelism_config") or {}
+    sizes = {
+        key: int(block.get(f"parallelism_config_{key}_size") or 1)
+        for key in ("dp_replicate", "dp_shard", "tp", "cp")
+    }
+    if not block or math.prod(sizes.values()) == processes:
+        return []
+    if sizes["tp"] > 1 and sizes["dp_shard"] == sizes["dp_replicate"] == sizes["cp"] == 1:
+        return ["--parallelism_config_tp_size", str(processes)]
+    rest = sizes["tp"] * sizes["dp_replicate"] * sizes["cp"]
+    if sizes["dp_shard"] > 1 and processes % rest == 0:
+        return ["--parallelism_config_dp_shard_size", str(processes // rest)]
+    raise LaunchError(
+        f"accelerate config {name}'s parallelism_config ({', '.join(f'{k} {v}' for k, v in sizes.items())})"
+        f" does not fit {processes} processes; its sizes must multiply to the process count"
+    )
 
 
 def redacted(command: Sequence[str]) -> str:

@@ -2,6 +2,9 @@
 update out to the parameter servers, their aggregate in, each aggregate merged into
 theta_global exactly once. One object on every rank owns the whole state of it; only rank 0's
 has a bridge (`client`), and every decision the ranks must share goes through `ranks.share`.
+Every rank writes its part of our update and merges its part of each aggregate (diloco.py):
+rank 0 receives an aggregate, checks it and keeps it aside (`accept`) until every rank has
+merged it (`merge_accepted`).
 
 Never a lost update: upstream's worker refuses a push that no open receive takes (the
 pusher's stream is refused; its parameter server's whole broadcast fails), and the
@@ -19,6 +22,7 @@ later action (`late`) until it comes or the next send.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -74,8 +78,11 @@ class AggregateExchange:
         # whom it receives from.
         self.standing: KeptOpenReceiver | None = None
         self.standing_source: ActionPeersReference | None = None
-        # Rank 0: the last aggregate merged, kept whole while the local weights must move by
-        # it too (batches trained since our last send; `merge`'s keep).
+        # Rank 0: the aggregate received and checked, kept aside until every rank merged it.
+        self.accepted: Path | None = None
+        self.aggregates_accepted = 0
+        # Every rank: its part of the last aggregate merged, kept while the local weights must
+        # move by it too (batches trained since our last send; `merge_accepted`'s keep).
         self.last_update: dict[str, torch.Tensor] = {}
 
     def send(
@@ -85,32 +92,31 @@ class AggregateExchange:
         dtype: torch.dtype,
         weight: float,
     ) -> tuple[Status | None, int]:
-        """weight x (theta_local - theta_global) to the target, on every rank (rank 0 writes
-        and sends it); the shared error status when it did not go, and the file's size."""
-        problem, size = None, 0
+        """weight x (theta_local - theta_global) to the target, on every rank (each writes its
+        part, rank 0 sends it); the shared error status when it did not go, and the file's
+        size."""
+        problem = None
+        relative = f"pseudo-gradients/update-{self.updates_sent}.safetensors"
+        self.updates_sent += 1
+        size = self.global_weights.write_pseudo_gradient(
+            local, self.work_dir / relative, dtype, weight
+        )
         if self.client is not None:
-            relative = f"pseudo-gradients/update-{self.updates_sent}.safetensors"
-            self.updates_sent += 1
-            size = self.global_weights.write_pseudo_gradient(
-                local, self.work_dir / relative, dtype, weight
-            )
             problem = self._send_file(target, relative)
         problem = self.ranks.share(problem)
         if problem is None:
             self.awaited = "due"
         return problem, size
 
-    def apply(self, source: ActionPeersReference, deadline: float, keep: bool) -> Status | None:
-        """`apply-update`: the oldest aggregate from `source` merged into theta_global (see
-        `merge` for `keep`); the shared error status when none came or it did not merge."""
+    def apply(self, source: ActionPeersReference, deadline: float) -> Status | None:
+        """`apply-update`: the oldest aggregate from `source` accepted, for `merge_accepted`;
+        the shared error status when none came or it is not one this model can merge."""
         problem = None
         if self.client is not None:
-            problem = self.receive_into(
-                source, deadline, lambda path: self.merge(path, keep), standing=True
-            )
+            problem = self.receive_into(source, deadline, self.accept, standing=True)
         return self.ranks.share(problem)
 
-    def apply_held(self, arrived: bool, keep: bool) -> bool:
+    def apply_held(self, arrived: bool) -> bool:
         """Before an action that trains or uses the model: whether an aggregate that came
         without an `apply-update` (upstream's order) is now merged, on every rank. Waits for
         it only while one is due since our send; one that came later than that wait is
@@ -120,7 +126,7 @@ class AggregateExchange:
             return False  # the common case, with no collective
         merged = False
         if self.client is not None:
-            merged = self._merge_held(keep)
+            merged = self._accept_held()
             if merged and self.awaited == "none":
                 self.say(
                     f"round {self.next_round()}'s aggregate came without our update (the "
@@ -140,28 +146,67 @@ class AggregateExchange:
         """Rank 0: the standing receive holds an aggregate (False on the other ranks)."""
         return self.standing is not None and self.standing.holds_file()
 
-    def merge(self, path: Path, keep: bool) -> int:
-        """Rank 0: theta_global += the update at `path`; with `keep`, the update is kept whole
-        in `last_update` for the local weights. An update that lacks tensors the model has
-        (a peer that sent another dtype: upstream's parameter server adds only tensors of one
-        name, shape and dtype, and leaves the others out) moves only part of the model, or
-        none of it: said on stdout and as telemetry, every round it happens."""
-        merged = self.global_weights.merge_update(path, keep)
-        self.last_update = merged.update
-        expected = len(self.global_weights.tensors)
-        if merged.held < expected:
+    def accept(self, path: Path) -> int:
+        """Rank 0: the update at `path` checked against the model and kept aside for
+        `merge_accepted`; how many tensors it holds. An update that lacks tensors the model
+        has (a peer that sent another dtype: upstream's parameter server adds only tensors of
+        one name, shape and dtype, and leaves the others out) moves only part of the model,
+        or none of it: said on stdout and as telemetry, every round it happens."""
+        held = self.global_weights.check_update(path)
+        self._keep_aside(path)
+        expected = len(self.global_weights.shares)
+        if held < expected:
             round_number = self.next_round()
             # On stdout, the log the later releases' runtime keeps (it keeps no stderr).
             self.say(
-                f"warning: round {round_number}'s update held {merged.held} of {expected} "
+                f"warning: round {round_number}'s update held {held} of {expected} "
                 "tensors; the others did not move (does every peer send the same dtype? "
                 "HYPHA_PSEUDO_GRADIENT_DTYPE)"
             )
             telemetry.round_ended(
-                {"round": float(round_number), "update_tensors_held": float(merged.held),
+                {"round": float(round_number), "update_tensors_held": float(held),
                  "update_tensors_expected": float(expected)}
             )  # fmt: skip
-        return merged.held
+        return held
+
+    def merge_accepted(self, keep: bool) -> None:
+        """Every rank, once rank 0 accepted an aggregate: its part merged into theta_global;
+        with `keep`, its part of the update kept in `last_update` for the local weights."""
+        path = Path(self.ranks.share(str(self.accepted) if self.accepted else ""))
+        self.last_update = self.global_weights.merge_update(path, keep).update
+        self.ranks.barrier()  # every rank has read the file
+        if self.accepted is not None:
+            self.accepted.unlink(missing_ok=True)
+            self.accepted = None
+
+    def accept_model(self, path: Path) -> int:
+        """Rank 0: a peer's model file at `path`, checked to hold every tensor of the model
+        and kept aside for `replace_accepted`; how many tensors it holds."""
+        held = self.global_weights.check_model(path)
+        self._keep_aside(path)
+        return held
+
+    def _keep_aside(self, path: Path) -> None:
+        """Rank 0: the received file moved where the receive will not delete it, until every
+        rank has read it."""
+        self.accepted = path.with_name(f"accepted-{self.aggregates_accepted}.safetensors")
+        self.aggregates_accepted += 1
+        os.replace(path, self.accepted)
+
+    def replace_accepted(self) -> Status | None:
+        """Every rank, once rank 0 accepted a peer's model: its part of theta_global replaced
+        by it; the error status when the file could not be read."""
+        path = Path(self.ranks.share(str(self.accepted) if self.accepted else ""))
+        problem = None
+        try:
+            self.global_weights.replace_from(path)
+        except ExecutorError as exc:
+            problem = error_status("other", str(exc))
+        self.ranks.barrier()  # every rank has read the file
+        if self.accepted is not None:
+            self.accepted.unlink(missing_ok=True)
+            self.accepted = None
+        return problem
 
     def receive_into(
         self,
@@ -203,8 +248,8 @@ class AggregateExchange:
             return error_status("connection", f"sending the update failed: {exc}")
         return None
 
-    def _merge_held(self, keep: bool) -> bool:
-        """Rank 0: whether the standing receive held an aggregate that is now merged."""
+    def _accept_held(self) -> bool:
+        """Rank 0: whether the standing receive held an aggregate that is now accepted."""
         if self.standing is None:
             return False
         due = self.awaited == "due"
@@ -223,7 +268,7 @@ class AggregateExchange:
                 )
             return False
         try:
-            self.merge(received.path, keep)
+            self.accept(received.path)
         except ExecutorError as exc:
             self.say(f"round {self.next_round()}'s aggregate could not be applied: {exc}")
             return False

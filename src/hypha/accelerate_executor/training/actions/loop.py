@@ -160,7 +160,7 @@ class ActionTrainer(Workbench):
         super().__init__(job, make_bridge, run)
         self.work_dir = run.work_dir
         self.dtype = getattr(torch, run.pseudo_gradient_dtype)
-        self.global_weights = GlobalWeights(self.weights.gather())  # a collective
+        self.global_weights = GlobalWeights(self.weights.local(), self.weights.shares, self.ranks)
         self.round = 0  # updates applied (a received model counts as the round it joined)
         self.window = _Window()
         self.exchange = AggregateExchange(
@@ -325,8 +325,8 @@ class ActionTrainer(Workbench):
     def send_update(self, target: ActionPeersReference, weight: float) -> Status:
         """weight x (theta_local - theta_global) to the target; the model trains on as it is
         (an update may never be applied to it: a late joiner's first send)."""
-        local = self.weights.gather()  # a collective
-        loss = self._window_loss()  # a collective too
+        local = self.weights.local()  # a collective where the weights are gathered
+        loss = self._window_loss()  # a collective
         problem, size = self.exchange.send(local, target, self.dtype, weight)
         del local
         # The window closes only once the update carrying it has gone: after a failed send
@@ -335,6 +335,8 @@ class ActionTrainer(Workbench):
         if problem is not None:
             return problem
         window = self._close_window()
+        # theta_global's digest: the same on every worker in a round (the stand-in checks).
+        digest = self.global_weights.digest()  # a collective where the model is sharded
         if self.client is None:
             return IDLE  # only rank 0's status is sent
         metrics = {
@@ -347,8 +349,7 @@ class ActionTrainer(Workbench):
                 peak_memory=self.peak_device_memory(),
             ),
             "weight": weight,
-            # theta_global's digest: the same on every worker in a round (the stand-in checks).
-            "global_digest": float(self.global_weights.digest()),
+            "global_digest": float(digest),
         }
         round_ended(
             self.say,
@@ -362,7 +363,7 @@ class ActionTrainer(Workbench):
     def apply_update(self, source: ActionPeersReference, deadline: float) -> Status:
         """theta_global += u, loaded into the model. Also after no send of ours (a
         straggler): its drift since then is kept on top (_applied)."""
-        problem = self.exchange.apply(source, deadline, keep=self.window.batches > 0)
+        problem = self.exchange.apply(source, deadline)
         if problem is not None:
             return problem
         self._applied()
@@ -372,20 +373,22 @@ class ActionTrainer(Workbench):
         """Before an action that trains or uses the model: an aggregate that came without an
         `apply-update` (exchange.apply_held), applied as `apply-update` does; the batches
         trained since our last send kept on top (_applied)."""
-        if self.exchange.apply_held(arrived, keep=self.window.batches > 0):
+        if self.exchange.apply_held(arrived):
             self._applied()
 
     def _applied(self) -> None:
-        """Every rank, once rank 0 merged a round's aggregate into theta_global. Batches
+        """Every rank, once rank 0 accepted a round's aggregate: merged into theta_global,
+        each rank its part, and loaded. Batches
         trained since our last send are in no aggregate yet: a straggler's, whose round
         was aggregated at a quorum without it (upstream's grace time), or training that
         went on while the aggregate was late. The model keeps them on top of the update
         (theta_local += u, so theta_local - theta_global is still their drift) and the
         window stays open: they are counted, once, in the next sent update."""
+        self.exchange.merge_accepted(keep=self.window.batches > 0)
         if self.window.batches:
             from hypha.accelerate_executor.training.diloco import moved_by
 
-            local = self.weights.gather()  # a collective
+            local = self.weights.local()  # a collective where the weights are gathered
             update, self.exchange.last_update = self.exchange.last_update, {}
             self.weights.load(moved_by(local, update))
         else:
@@ -398,8 +401,8 @@ class ActionTrainer(Workbench):
         """A late joiner's start: a peer's theta_global as the whole state."""
         problem = None
         if self.client is not None:
-            problem = self.exchange.receive_into(source, deadline, self.global_weights.replace_from)
-        problem = self.ranks.share(problem)
+            problem = self.exchange.receive_into(source, deadline, self.exchange.accept_model)
+        problem = self.ranks.share(problem) or self.exchange.replace_accepted()
         if problem is not None:
             return problem
         self._load_global()
@@ -408,15 +411,16 @@ class ActionTrainer(Workbench):
         return RECEIVED_MODEL
 
     def send_model(self, target: ActionPeersReference) -> Status:
-        """A copy of theta_global for a late joiner."""
-        if self.client is None:
-            return IDLE
+        """A copy of theta_global for a late joiner: every rank writes its part, rank 0 sends."""
+        client = self.client
         try:
-            client = self.client
-            self.output.send(lambda relative: client.send_file(target, relative, remove_file=True))
+            self.output.send(
+                None if client is None
+                else lambda relative: client.send_file(target, relative, remove_file=True)
+            )  # fmt: skip
         except BridgeAnswerError as exc:
             return error_status("connection", f"sending the model failed: {exc}")
-        return SENT_MODEL
+        return SENT_MODEL if client is not None else IDLE
 
     def push_to_hub(self, repository: str, token: str) -> Status:
         """The final model, written in Hugging Face layout into the work dir (and the model
@@ -450,7 +454,7 @@ class ActionTrainer(Workbench):
         return window
 
     def _load_global(self) -> None:
-        self.weights.load(self.global_weights.tensors if self.ranks.is_main else {})
+        self.weights.load(self.global_weights.tensors)
 
     def _window_loss(self) -> float | None:
         """The mean loss since the last sent update, over every rank's share; None when no
@@ -459,6 +463,6 @@ class ActionTrainer(Workbench):
         batches = self.window.batches
         if total is None or not batches:
             return None
-        if self.ranks.count > 1:
-            total = self.accelerator.reduce(total, reduction="sum")
+        if self.ranks.count > 1:  # a tensor-parallel group's ranks hold the same share
+            total = self.accelerator.reduce(total, reduction="sum") / self.ranks.per_data_rank
         return float(total.item()) / batches

@@ -85,6 +85,8 @@ class Trainer(Workbench):
         # The one receive stream opens here, before anything is sent, and stays open.
         self.synchroniser = Synchroniser(
             self.weights,
+            self.ranks,
+            run.work_dir,
             self.client,
             config.updates,
             config.results,
@@ -164,7 +166,8 @@ class Trainer(Workbench):
         stats.samples = stats.batches * config.batch_size
         stats.overshoot = self.batches_trained - (decision.last_batch or 0)
         if self.ranks.count > 1:  # once a round: each rank holds its share of every mean
-            loss_sum = self.accelerator.reduce(loss_sum, reduction="sum")
+            # (a tensor-parallel group's ranks hold the same share)
+            loss_sum = self.accelerator.reduce(loss_sum, reduction="sum") / self.ranks.per_data_rank
         stats.loss = float(loss_sum.item()) / max(stats.batches, 1)
         stats.parts = {**laps.parts, "cpu": laps.cpu_seconds}
         return stats
