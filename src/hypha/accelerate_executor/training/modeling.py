@@ -47,15 +47,15 @@ def _refuse_untrusted_code(folder: Path, config_file: str, what: str, trusted: b
 
 
 def load_model(
-    task: str, folder: Path, trust_remote_code: bool = False, tp_mesh: Any = None
+    task: str, folder: Path, trust_remote_code: bool = False, split: Any = None
 ) -> torch.nn.Module:
     """The task's Auto class from `folder`; remote code runs only when the operator opted in.
-    With `tp_mesh` (a device mesh) the layers are split over it by the model class's
-    tensor-parallel plan as they load: each rank reads only its part."""
+    With `split` (transformers' DistributedConfig: parallelism.sharded_loading) the model is
+    sharded as it loads, each rank reading only its part."""
     cls = _transformers_class(trains(task).auto_class, f"model task {task!r}")
     _refuse_untrusted_code(folder, "config.json", "model", trust_remote_code)
     transformers.utils.logging.disable_progress_bar()  # a bar per load is noise in a worker's log
-    sharding = {} if tp_mesh is None else {"tp_plan": "auto", "device_mesh": tp_mesh}
+    sharding = {} if split is None else {"distributed_config": split}
     model: torch.nn.Module = cls.from_pretrained(
         folder, trust_remote_code=trust_remote_code, dtype=torch.float32, **sharding
     )

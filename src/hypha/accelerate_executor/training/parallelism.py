@@ -2,12 +2,14 @@
 
 An accelerate config's `parallelism_config` block (`parallelism_config_tp_size`,
 `parallelism_config_dp_shard_size`, `parallelism_config_dp_replicate_size`) reaches every
-rank as accelerate's PARALLELISM_CONFIG_* variables, and the Accelerator builds its device
-mesh from them: ("dp_replicate", "dp_shard", "tp"), tensor parallel innermost. A model trains
-tensor parallel only when transformers shards it at load, by the plan its model class ships
-(`tp_plan="auto"` over the mesh's "tp" dimension): a model class without one is refused
-before its weights are read. FSDP2 then shards over "dp_shard" what tensor parallelism left
-whole (accelerate's `prepare`).
+rank as accelerate's PARALLELISM_CONFIG_* variables, and the Accelerator reads them. With
+tensor parallelism, transformers shards the model as it loads (its DistributedConfig of the
+same sizes): every layer by the tensor-parallel plan its model class ships, then FSDP2 over
+the dp_shard ranks (and HSDP's replicas), each rank reading only its part of the weights. A
+model class without a plan is refused before its weights are read. accelerate's own
+`prepare` of tensor parallelism under an FSDP config imports a transformers class that
+transformers 5 removed, so that combination is refused too, naming tp-fsdp.yaml (a
+MULTI_GPU config whose parallelism_config asks for both).
 
 The ranks of one tensor-parallel group compute on the same samples: the worker's batch is
 shared among the data-parallel ranks only (distributed.Ranks.data_index and data_count).
@@ -35,11 +37,20 @@ def tensor_parallel_size(accelerator: Accelerator) -> int:
     return int(config.tp_size) if config is not None and config.tp_enabled else 1
 
 
-def tensor_parallel_mesh(accelerator: Accelerator) -> Any:
-    """The device mesh's "tp" dimension, None when the layers are not split."""
-    if tensor_parallel_size(accelerator) == 1:
+def sharded_loading(accelerator: Accelerator) -> Any:
+    """transformers' DistributedConfig for loading the model split as the parallelism config
+    asks (tensor parallel, then FSDP2 over dp_shard and dp_replicate); None when the layers
+    are not split and the model loads whole."""
+    config = accelerator.parallelism_config
+    if tensor_parallel_size(accelerator) == 1 or config is None:
         return None
-    return accelerator.torch_device_mesh["tp"]
+    from transformers.distributed.configuration_utils import DistributedConfig
+
+    return DistributedConfig(
+        tp_size=int(config.tp_size),
+        fsdp_size=int(config.dp_shard_size or 1),
+        dp_replicate_size=int(config.dp_replicate_size or 1),
+    )
 
 
 def check_parallelism(accelerator: Accelerator, model_folder: Path) -> None:
@@ -58,10 +69,12 @@ def check_parallelism(accelerator: Accelerator, model_folder: Path) -> None:
             )
     if not config.tp_enabled:
         return
-    if accelerator.distributed_type.value == "DEEPSPEED":
+    if accelerator.distributed_type.value in ("DEEPSPEED", "FSDP"):
         raise TensorParallelRefused(
-            "tensor parallelism (parallelism_config_tp_size "
-            f"{config.tp_size}) does not run under DeepSpeed here; use tp.yaml or tp-fsdp.yaml"
+            f"tensor parallelism (parallelism_config_tp_size {config.tp_size}) does not run "
+            f"under a {accelerator.distributed_type.value} accelerate config here; use tp.yaml, "
+            "or tp-fsdp.yaml for FSDP2 beside it (distributed_type MULTI_GPU: the model is "
+            "sharded both ways as it loads)"
         )
     architecture, plan = _model_plan(model_folder)
     if not plan:
@@ -90,3 +103,4 @@ def _model_plan(model_folder: Path) -> tuple[str, dict[str, str] | None]:
     config_class = CONFIG_MAPPING[model_type] if model_type in CONFIG_MAPPING else None  # noqa: SIM401
     plan = getattr(config_class, "base_model_tp_plan", None)
     return architecture, plan or None
+

@@ -80,7 +80,7 @@ class Workbench:
         )
         from hypha.accelerate_executor.training.parallelism import (
             check_parallelism,
-            tensor_parallel_mesh,
+            sharded_loading,
         )
         from hypha.accelerate_executor.training.steps import MicroBatchedStep
 
@@ -98,12 +98,12 @@ class Workbench:
                 self.bridge.fetch(config.preprocessor.artifact)
         self.ranks.barrier()
         check_parallelism(self.accelerator, artifacts)
-        tp_mesh = tensor_parallel_mesh(self.accelerator)  # None: each rank loads it whole
-        model = load_model(config.model.task, artifacts, trust_remote_code, tp_mesh)
+        split = sharded_loading(self.accelerator)  # None: each rank loads it whole
+        model = load_model(config.model.task, artifacts, trust_remote_code, split)
         names = canonical_names(model)
         # Under ZeRO-3's init the parameters are already partitioned: numel() would be 0.
         self.parameter_count = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
-        sharded = tp_mesh is not None or self.accelerator.distributed_type.value in (
+        sharded = split is not None or self.accelerator.distributed_type.value in (
             "FSDP",
             "DEEPSPEED",
         )
@@ -132,7 +132,7 @@ class Workbench:
             model,
             compile,
             self.accelerator.device,
-            "TP" if tp_mesh is not None else self.accelerator.distributed_type.value,
+            "TP" if split is not None else self.accelerator.distributed_type.value,
         )
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.model.train()

@@ -6,6 +6,8 @@ pending and goes into the next one."""
 
 from __future__ import annotations
 
+import json
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -179,6 +181,9 @@ class Aggregation:
                 "jobs": sorted(files),
                 "seconds": round(time.time() - started, 3),
                 "skipped_tensors": skipped,
+                # What each update held, as the sender wrote it (jobs in the order above):
+                # the sharded tests compare it with what an unsharded worker sends.
+                "layouts": [tensor_layout(files[job]) for job in sorted(files)],
             }
             self.rounds.append(record)
             for job_id in self._senders() or []:
@@ -188,3 +193,15 @@ class Aggregation:
             self._closed(record)
             self.maybe_start()
             self._lock.notify_all()
+
+
+def tensor_layout(data: bytes) -> list[list[object]]:
+    """[name, dtype, shape] of every tensor a safetensors file holds, in name order, read from
+    its header alone."""
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + length])
+    return [
+        [name, entry["dtype"], entry["shape"]]
+        for name, entry in sorted(header.items())
+        if name != "__metadata__"
+    ]
