@@ -1,9 +1,10 @@
 """ModelWeights on a really sharded model, run under a real launcher by test_model_weights.py.
 
-    accelerate launch --config_file C tests/sharding/model_weights_check.py fsdp2|deepspeed
+    accelerate launch --config_file C tests/sharding/model_weights_check.py
 
-On every rank: shards a tiny GPT-2 with tied embeddings (FSDP2 by hand, or DeepSpeed through
-accelerate.prepare), then checks what a sync round relies on. gather() returns the full
+On every rank: shards a tiny GPT-2 with tied embeddings (DeepSpeed, through accelerate.prepare:
+its weights are gathered to rank 0; FSDP2's and tensor parallelism's are kept per block, and
+sharded_outer_state_check.py checks those), then checks what a sync round relies on. gather() returns the full
 weights on rank 0; after load(new) the model computes exactly what an unsharded copy holding
 `new` computes (so no stale copy of the old weights is left anywhere), gather() returns
 `new`, and the optimizer still moves the live parameters. Prints `ok <rank>` and exits 0, or
@@ -11,8 +12,6 @@ ends with an AssertionError.
 """
 
 from __future__ import annotations
-
-import sys
 
 import torch
 from accelerate import Accelerator
@@ -35,28 +34,16 @@ def tiny_gpt2() -> GPT2LMHeadModel:
     return GPT2LMHeadModel(config)
 
 
-def shard_with_fsdp2(model: GPT2LMHeadModel) -> None:
-    from torch.distributed.fsdp import fully_shard
-
-    for block in model.transformer.h:
-        fully_shard(block)
-    fully_shard(model)
-
-
-def main(kind: str) -> None:
+def main() -> None:
     accelerator = Accelerator(kwargs_handlers=[process_group_settings()])  # the executor's
     reference = tiny_gpt2()
     model = tiny_gpt2()
     names = canonical_names(model)
-    if kind == "fsdp2":
-        shard_with_fsdp2(model)  # swaps in sharded parameters: the optimizer comes after
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    else:
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        deepspeed = accelerator.state.deepspeed_plugin
-        assert deepspeed is not None, "run this under a DeepSpeed accelerate config"
-        deepspeed.deepspeed_config["train_micro_batch_size_per_gpu"] = 2
-        model, optimizer = accelerator.prepare(model, optimizer)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    deepspeed = accelerator.state.deepspeed_plugin
+    assert deepspeed is not None, "run this under a DeepSpeed accelerate config"
+    deepspeed.deepspeed_config["train_micro_batch_size_per_gpu"] = 2
+    model, optimizer = accelerator.prepare(model, optimizer)
     weights = ModelWeights(accelerator, model, names)
     is_main = accelerator.is_main_process
     unique = weights.names
@@ -100,5 +87,5 @@ def main(kind: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main()
     exit_without_teardown(0)  # the executor's way out of a process that ran collectives

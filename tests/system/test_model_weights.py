@@ -1,6 +1,7 @@
 """The sync round's weight access on really sharded models, under the real launcher, over
-two gloo processes on the CPU: FSDP2, DeepSpeed ZeRO-2 and ZeRO-3. The checks are in
-sharding/model_weights_check.py."""
+gloo processes on the CPU. DeepSpeed ZeRO-2 and ZeRO-3 gather to rank 0
+(sharding/model_weights_check.py); FSDP2, tensor parallelism and both at once keep DiLoCo's
+outer state per block (sharding/sharded_outer_state_check.py)."""
 
 from __future__ import annotations
 
@@ -17,28 +18,56 @@ from repo_paths import REPO, TESTS
 
 REPO = REPO
 CHECK = TESTS / "sharding" / "model_weights_check.py"
+SHARDED_CHECK = TESTS / "sharding" / "sharded_outer_state_check.py"
 pytestmark = pytest.mark.slow
 
 
-def launch(config: Path, processes: int, kind: str, **env: str) -> subprocess.CompletedProcess[str]:
+def launch(
+    config: Path, processes: int, check: Path, *arguments: str, **env: str
+) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
                "--num_processes", str(processes), "--main_process_port", str(free_port())]  # fmt: skip
-    if kind == "fsdp2":
+    if "multi-cpu" in config.name:
         command.append("--multi_gpu")  # accelerate's torchrun path; MULTI_CPU would want mpirun
     result = subprocess.run(
-        [*command, str(CHECK), kind],
+        [*command, str(check), *arguments],
         capture_output=True, text=True, timeout=300, env={**os.environ, **env},
     )  # fmt: skip
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     return result
 
 
-def test_fsdp2_weights_gather_and_load() -> None:
-    result = launch(
-        REPO / "accelerate-configs" / "multi-cpu.yaml", 2, "fsdp2", ACCELERATE_USE_CPU="True"
+def cpu_config(name: str, folder: Path) -> Path:
+    """A bundled config for the CPU and fp32: what only a GPU would change left as shipped."""
+    text = (REPO / "accelerate-configs" / f"{name}.yaml").read_text()
+    path = folder / f"{name}.yaml"
+    path.write_text(
+        text.replace("use_cpu: false", "use_cpu: true").replace(
+            "mixed_precision: bf16", "mixed_precision: 'no'"
+        )
     )
-    # The two ranks share one stdout: their lines may run into each other.
-    assert sorted(re.findall(r"ok (\d)", result.stdout)) == ["0", "1"]
+    return path
+
+
+@pytest.mark.parametrize(
+    ("config", "processes", "kind", "fraction"),
+    [("multi-cpu", 2, "fsdp2", 0.5), ("tp", 2, "tp", 0.5), ("tp-fsdp", 4, "tp", 0.25)],
+)
+def test_the_outer_state_is_kept_and_written_per_block(
+    config: str, processes: int, kind: str, fraction: float, tmp_path: Path
+) -> None:
+    """FSDP2 by hand over a multi-cpu group; tp.yaml and tp-fsdp.yaml as the executor loads
+    the model under them, accelerate's GPU-only gates lifted as a GPU host lifts them."""
+    result = launch(
+        cpu_config(config, tmp_path), processes, SHARDED_CHECK, kind, str(tmp_path),
+        ACCELERATE_USE_CPU="True", PYTHONPATH=str(TESTS / "sharding"),
+    )  # fmt: skip
+    # The ranks share one stdout: their lines may run into each other.
+    found = re.findall(r"ok (\d) ([0-9.]+)", result.stdout)
+    assert sorted(rank for rank, _ in found) == [str(rank) for rank in range(processes)]
+    # Rank 0 holds about 1/N of the weights (a layer norm's few elements are whole on a
+    # tensor-parallel rank).
+    assert all(float(held) == pytest.approx(fraction, abs=0.01) for _, held in found), found
 
 
 @pytest.mark.parametrize("stage", [2, 3])
@@ -47,5 +76,5 @@ def test_deepspeed_weights_gather_and_load(stage: int, tmp_path: Path) -> None:
     # fp32: in bf16 the sharded forward could not be held to the fp32 reference's.
     config = tmp_path / "deepspeed.yaml"
     config.write_text(shipped.replace("mixed_precision: bf16", "mixed_precision: 'no'"))
-    result = launch(config, 2, "deepspeed")
+    result = launch(config, 2, CHECK)
     assert sorted(re.findall(r"ok (\d)", result.stdout)) == ["0", "1"]

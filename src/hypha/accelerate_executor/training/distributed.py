@@ -87,6 +87,14 @@ class Ranks:
         dist.all_reduce(total, op=dist.ReduceOp.SUM, group=self._group)
         return int(total.item())
 
+    def gather(self, value: object) -> list[Any]:
+        """Every rank's `value`, in rank order, on every rank."""
+        if self.count == 1:
+            return [value]
+        values: list[Any] = [None] * self.count
+        dist.all_gather_object(values, value, group=self._group)
+        return values
+
     def barrier(self) -> None:
         if self.count > 1:
             dist.barrier(group=self._group)
@@ -124,8 +132,14 @@ class ModelWeights:
     """
 
     def __init__(
-        self, accelerator: Accelerator, model: torch.nn.Module, names: dict[str, str]
+        self,
+        accelerator: Accelerator,
+        model: torch.nn.Module,
+        names: dict[str, str],
+        ranks: Ranks | None = None,
     ) -> None:
+        """`ranks`: the job's, for the one collective a sharded model needs here (who
+        writes each block); None for one process."""
         from hypha.accelerate_executor.training.shards import is_sharded, shares_of
 
         self._accelerator = accelerator
@@ -137,7 +151,10 @@ class ModelWeights:
         self.sharded = is_sharded(self._module)
         self._kind = DistributedType.NO if self.sharded else _sharding(accelerator, model)
         # Where each rank's blocks lie; None where rank 0 gathers the whole model.
-        self.shares = shares_of(self._module, self._unique, self._is_main) if self.sharded else None
+        self.shares = None
+        if self.sharded:
+            gather = ranks.gather if ranks is not None else None
+            self.shares = shares_of(self._module, self._unique, accelerator.process_index, gather)
 
     @property
     def aliases(self) -> dict[str, str]:

@@ -103,4 +103,3 @@ def _model_plan(model_folder: Path) -> tuple[str, dict[str, str] | None]:
     config_class = CONFIG_MAPPING[model_type] if model_type in CONFIG_MAPPING else None  # noqa: SIM401
     plan = getattr(config_class, "base_model_tp_plan", None)
     return architecture, plan or None
-

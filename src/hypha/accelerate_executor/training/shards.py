@@ -14,7 +14,9 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -94,20 +96,28 @@ def local_tensors(module: torch.nn.Module, names: list[str]) -> dict[str, torch.
     }
 
 
-def shares_of(module: torch.nn.Module, names: list[str], is_main: bool) -> dict[str, Share]:
-    """Where this rank's block of each named tensor lies. A plain tensor in a sharded model is
-    replicated on every rank and written by rank 0."""
-    from torch.distributed.tensor import DTensor, Replicate
+def shares_of(
+    module: torch.nn.Module,
+    names: list[str],
+    rank: int,
+    gather: Callable[[object], list[Any]] | None = None,
+) -> dict[str, Share]:
+    """Where this rank's block of each named tensor lies. Of the ranks that hold the same
+    block (a plain tensor in a sharded model, a Replicate placement, or a tensor whose mesh
+    covers only some ranks, as FSDP2's over tensor parallelism leaves a layer norm) the
+    lowest writes it. `gather`: every rank's value of its argument, in rank order (a
+    collective); None for one process."""
+    from torch.distributed.tensor import DTensor
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     state = module.state_dict(keep_vars=True)
-    shares = {}
+    blocks: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = {}
     for name in names:
         tensor = state[name]
-        if not isinstance(tensor, DTensor):
-            shares[name] = Share.whole(tuple(tensor.shape), writes=is_main)
-            continue
         full_shape = tuple(tensor.shape)
+        if not isinstance(tensor, DTensor):
+            blocks[name] = (full_shape, full_shape, (0,) * len(full_shape))
+            continue
         shape, offset = compute_local_shape_and_global_offset(
             full_shape, tensor.device_mesh, tensor.placements
         )
@@ -117,11 +127,12 @@ def shares_of(module: torch.nn.Module, names: list[str], is_main: bool) -> dict[
                 f"{name}: the local block is {local_shape}, its placements {tensor.placements} "
                 f"say {tuple(shape)}"
             )
-        coordinate = tuple(tensor.device_mesh.get_coordinate() or ())
-        first_replica = all(
-            coordinate[dim] == 0
-            for dim, placement in enumerate(tensor.placements)
-            if isinstance(placement, Replicate)
+        blocks[name] = (full_shape, local_shape, tuple(offset))
+    everyone = gather(blocks) if gather is not None else [blocks]
+    shares = {}
+    for name, (full_shape, shape, offset) in blocks.items():
+        first = next(
+            index for index, held in enumerate(everyone) if held[name][1:] == (shape, offset)
         )
-        shares[name] = Share(full_shape, local_shape, tuple(offset), first_replica)
+        shares[name] = Share(full_shape, shape, offset, writes=first == rank)
     return shares

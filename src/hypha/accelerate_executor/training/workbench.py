@@ -148,7 +148,7 @@ class Workbench:
             self.say,
             compiled,
         )
-        self.weights = ModelWeights(self.accelerator, self.model, names)
+        self.weights = ModelWeights(self.accelerator, self.model, names, self.ranks)
 
     def next_batch(self) -> Batch:
         return self.inputs(next(self.batches))  # on the device, labels made there
