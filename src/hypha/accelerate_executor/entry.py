@@ -38,7 +38,9 @@ class OneLineArgumentParser(argparse.ArgumentParser):
 
 
 def say_error(prog: str, line: str) -> None:
-    print(f"{prog}: {line}", file=sys.stderr, flush=True)
+    global _last_error
+    _last_error = f"{prog}: {line}"
+    print(_last_error, file=sys.stderr, flush=True)
     telemetry.log_line(f"{prog}: {line}", "ERROR")
 
 
@@ -85,6 +87,7 @@ def exit_without_teardown(code: int) -> NoReturn:
     left to do. bench/exit_race.py holds the race open; bench/exit_repetition.py counts exits.
     """
     try:
+        note_rank_exit(code)
         telemetry.flush_at_exit()
         logging.shutdown()
         for stream in (sys.stdout, sys.stderr):
@@ -96,3 +99,31 @@ def exit_without_teardown(code: int) -> NoReturn:
     finally:
         # The outcome stands even if a signal (SIGTERM raises Cancelled) cuts the flushing short.
         os._exit(code)
+
+
+# Set by the launcher for the ranks it starts: a folder each rank that fails writes its exit
+# code and its one line to, as a file named by its RANK. torchrun folds every rank's failure
+# into its own exit 1 and ends stderr with its summary; the launcher gives the job the code
+# and the line the ranks chose (launcher/command.py).
+RANK_EXITS_ENV = "HYPHA_RANK_EXITS"
+_last_error = ""  # the last line say_error said
+
+
+def note_rank_exit(code: int) -> None:
+    folder = os.environ.get(RANK_EXITS_ENV)
+    if code and folder:
+        path = os.path.join(folder, os.environ.get("RANK", "0"))
+        with contextlib.suppress(OSError), open(path, "w") as file:
+            file.write(f"{code}\n{_last_error}")
+
+
+def ranks_exit(folder: str) -> tuple[int, str] | None:
+    """The exit code and line of the lowest rank that wrote them into `folder` (rank 0's
+    decides a job's outcome where it wrote one); None when no rank did."""
+    said: dict[int, tuple[int, str]] = {}
+    with contextlib.suppress(OSError):
+        for name in os.listdir(folder):
+            with contextlib.suppress(OSError, ValueError), open(os.path.join(folder, name)) as f:
+                code, _, line = f.read().partition("\n")
+                said[int(name)] = (int(code), line)
+    return said[min(said)] if said else None

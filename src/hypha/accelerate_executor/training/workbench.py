@@ -149,6 +149,13 @@ class Workbench:
             compiled,
         )
         self.weights = ModelWeights(self.accelerator, self.model, names, self.ranks)
+        if self.weights.shares is not None:
+            held = sum(share.numel for share in self.weights.shares.values())
+            total = sum(share.full_numel for share in self.weights.shares.values())
+            self.say(
+                f"weights sharded: rank 0 holds {held / total:.3f} of the weights "
+                f"({held / 1e6:.2f}M of {total / 1e6:.2f}M elements), and theta_global for them"
+            )
 
     def next_batch(self) -> Batch:
         return self.inputs(next(self.batches))  # on the device, labels made there

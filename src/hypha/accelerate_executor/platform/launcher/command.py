@@ -6,10 +6,16 @@ import argparse
 import os
 import signal
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 
 from hypha.accelerate_executor import __version__
-from hypha.accelerate_executor.entry import OneLineArgumentParser, run_main
+from hypha.accelerate_executor.entry import (
+    RANK_EXITS_ENV,
+    OneLineArgumentParser,
+    ranks_exit,
+    run_main,
+)
 from hypha.accelerate_executor.errors import EXIT_OK, LaunchError
 from hypha.accelerate_executor.platform.gpus import dev_dir
 from hypha.accelerate_executor.platform.launcher.discovery import (
@@ -29,10 +35,21 @@ PROG = "launcher"  # what its lines start with
 
 
 def run_ranks(command: Sequence[str], env: Mapping[str, str]) -> int:
-    """Runs the ranks to their end; 128 + the signal when SIGTERM, SIGINT or SIGHUP ended them."""
+    """Runs the ranks to their end; 128 + the signal when SIGTERM, SIGINT or SIGHUP ended them,
+    else the exit code the failed ranks chose (torchrun exits 1 whatever theirs were: a job
+    refused in one line exits 2, as with one process)."""
     interrupts = Interrupts((signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
-    code = Supervisor(interrupts).run(command, env)
-    return interrupts.exit_code if interrupts.signum is not None else code
+    with tempfile.TemporaryDirectory(prefix="hypha-rank-exits-") as exits:
+        code = Supervisor(interrupts).run(command, {**env, RANK_EXITS_ENV: exits})
+        if interrupts.signum is not None:
+            return interrupts.exit_code
+        said = ranks_exit(exits) if code else None
+    if said is None:
+        return code
+    rank_code, line = said
+    if line:  # the job's one line, last, after torchrun's summary of the failure
+        print(line, file=sys.stderr, flush=True)
+    return rank_code
 
 
 def parser() -> argparse.ArgumentParser:

@@ -1,0 +1,129 @@
+"""Tensor parallelism and TP x FSDP2 train as DDP does, through the project's launcher.
+
+The stand-in's llama job (a tiny Llama: its class ships a tensor-parallel plan), one worker,
+the action protocol (every round trains exactly its batches, so the losses compare closely),
+3 rounds, fp32, on the CPU over gloo: multi-cpu (DDP, 2 processes), tp.yaml (2) and
+tp-fsdp.yaml (4, as 2 x 2). accelerate's GPU-only gates are lifted in every process the
+launcher starts, as a GPU host lifts them (sharding/gpu_gates_lifted/sitecustomize.py on
+PYTHONPATH); nothing of the product changes. The parameter server must receive from the
+sharded workers exactly what DDP sends (names, full shapes, dtypes), the losses must agree
+within 1 %, and the model each one keeps must be DDP's.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from safetensors.torch import load_file
+
+from hypha.standin.coordinator.server import RunOptions
+from hypha.standin.data_service.assets import LlamaSpec, ensure_assets
+from hypha.standin.demo import run_demo
+from hypha.standin.worker.worker import ExecutorEntry
+from repo_paths import REPO, TESTS
+
+pytestmark = pytest.mark.slow
+BRIDGE_ARGS = ("--socket", "{SOCKET_PATH}", "--work-dir", "{WORK_DIR}", "--job", "{JOB_JSON}")
+GATES_LIFTED = TESTS / "sharding" / "gpu_gates_lifted"
+TOLERANCE = 0.01
+
+
+def cpu_config(name: str, folder: Path) -> Path:
+    text = (REPO / "accelerate-configs" / f"{name}.yaml").read_text()
+    path = folder / f"{name}.yaml"
+    path.write_text(
+        text.replace("use_cpu: false", "use_cpu: true").replace(
+            "mixed_precision: bf16", "mixed_precision: 'no'"
+        )
+    )
+    return path
+
+
+def entry(config: Path, processes: int, kept: Path) -> ExecutorEntry:
+    env = [("ACCELERATE_USE_CPU", "True"), ("HYPHA_MODEL_DIR", str(kept))]
+    if "multi-cpu" not in config.name:  # DDP on the CPU is what accelerate runs as it is
+        env.append(("PYTHONPATH", str(GATES_LIFTED)))
+    return ExecutorEntry(
+        sys.executable,
+        ("-m", "hypha.accelerate_executor.platform.launcher", "--accelerate-config",
+         str(config), "--num-processes", str(processes), *BRIDGE_ARGS),
+        tuple(env),
+    )  # fmt: skip
+
+
+def run(
+    name: str, processes: int, tmp: Path, work_base: Path, assets: Path, **options: Any
+) -> tuple[dict[str, Any], Path]:
+    """One run of the llama job under the bundled config `name`: its summary, and the folder
+    its workers keep their final models in."""
+    out = tmp / name
+    out.mkdir()
+    kept = out / "kept"
+    run_options = RunOptions(
+        **{"workers": 1, "rounds": 3, "steps_per_round": 10, "job": "llama", **options}
+    )
+    run_demo(run_options, entry(cpu_config(name, out), processes, kept), out_dir=out / "out",
+             work_base=work_base, assets_dir=assets, timeout_s=600)  # fmt: skip
+    return json.loads((out / "out" / "summary.json").read_text()), kept
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("assets")
+    ensure_assets(folder, LlamaSpec())
+    return folder
+
+
+def test_tensor_parallel_and_2d_send_and_keep_what_ddp_does(
+    tmp_path: Path, short_tmp: Path, assets: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    runs = {
+        name: run(name, processes, tmp_path, short_tmp, assets)
+        for name, processes in (("multi-cpu", 2), ("tp", 2), ("tp-fsdp", 4))
+    }
+    output = "".join(capfd.readouterr())
+    ddp, ddp_kept = runs["multi-cpu"]
+    for name, (summary, kept) in runs.items():
+        assert summary["workers"]["w1"]["exit_code"] == 0, name
+        losses = [record["mean_loss"] for record in summary["rounds"]]
+        assert len(losses) == 3
+        assert losses == pytest.approx([r["mean_loss"] for r in ddp["rounds"]], rel=TOLERANCE)
+        # What the parameter server received, round by round: DDP's names, shapes, dtypes.
+        layouts = [aggregation["layouts"] for aggregation in summary["aggregations"]]
+        assert layouts == [a["layouts"] for a in ddp["aggregations"]], name
+        (ddp_model,) = ddp_kept.glob("*/model.safetensors")
+        (model,) = kept.glob("*/model.safetensors")
+        ddp_weights, weights = load_file(ddp_model), load_file(model)
+        assert sorted(weights) == sorted(ddp_weights)
+        for tensor_name, tensor in weights.items():
+            assert tensor.shape == ddp_weights[tensor_name].shape, (name, tensor_name)
+            assert (tensor - ddp_weights[tensor_name]).abs().max() < 1e-3, (name, tensor_name)
+    # Rank 0's share of the weights, as each run said it.
+    held = [float(x) for x in re.findall(r"rank 0 holds ([0-9.]+) of the weights", output)]
+    assert held == [pytest.approx(0.5, abs=0.01), pytest.approx(0.25, abs=0.01)], held
+
+
+def test_a_late_joiner_under_tensor_parallelism_gets_the_model_per_block(
+    tmp_path: Path, short_tmp: Path, assets: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The first worker writes theta_global from its blocks for the late one, who reads its
+    own blocks of it: both tensor parallel over 2 processes."""
+    summary, _ = run("tp", 2, tmp_path, short_tmp, assets, late_workers=1, rounds=3)
+    output = "".join(capfd.readouterr())
+    assert all(worker["exit_code"] == 0 for worker in summary["workers"].values()), summary
+    assert "received the model from a peer" in output
+
+
+def test_a_model_without_a_plan_is_refused_in_one_line(
+    tmp_path: Path, short_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    summary, _ = run("tp", 2, tmp_path, short_tmp, tmp_path / "gpt2-assets", job="causal-lm")
+    output = "".join(capfd.readouterr())
+    assert summary["workers"]["w1"]["exit_code"] == 2
+    assert "GPT2LMHeadModel has none; shard it with fsdp.yaml" in output
+    assert "Traceback" not in output
