@@ -1,10 +1,10 @@
 """ModelWeights on a really sharded model, run under a real launcher by test_model_weights.py.
 
-    accelerate launch --config_file C tests/sharding/model_weights_check.py
+    accelerate launch --config_file deepspeed-zero2.yaml tests/sharding/model_weights_check.py
 
-On every rank: shards a tiny GPT-2 with tied embeddings (DeepSpeed, through accelerate.prepare:
-its weights are gathered to rank 0; FSDP2's and tensor parallelism's are kept per block, and
-sharded_outer_state_check.py checks those), then checks what a sync round relies on. gather() returns the full
+On every rank: shards a tiny GPT-2 with tied embeddings (DeepSpeed ZeRO-2, through
+accelerate.prepare: its weights are gathered to rank 0; FSDP2's, tensor parallelism's and
+ZeRO-3's are kept per block, and sharded_outer_state_check.py checks those), then checks what a sync round relies on. gather() returns the full
 weights on rank 0; after load(new) the model computes exactly what an unsharded copy holding
 `new` computes (so no stale copy of the old weights is left anywhere), gather() returns
 `new`, and the optimizer still moves the live parameters. Prints `ok <rank>` and exits 0, or

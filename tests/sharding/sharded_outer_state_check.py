@@ -3,9 +3,10 @@ test_sharded_outer_state.py.
 
     accelerate launch --config_file C tests/sharding/sharded_outer_state_check.py KIND FOLDER
 
-KIND: fsdp2 (a tiny Llama sharded by hand with fully_shard over every rank), or tp (loaded
-as the executor loads it under the config's parallelism_config: tensor parallel, and FSDP2
-beside it where the config asks). FOLDER: a scratch folder every rank sees.
+KIND: fsdp2 (a tiny Llama sharded by hand with fully_shard over every rank), tp (loaded as
+the executor loads it under the config's parallelism_config: tensor parallel, and FSDP2
+beside it where the config asks), or zero3 (accelerate.prepare under a ZeRO-3 config: each
+rank's blocks are its partitions). FOLDER: a scratch folder every rank sees.
 
 On every rank: theta_global is taken per block (ModelWeights.local, shares), and the files a
 sync round writes and reads are checked against whole tensors, which only this check
@@ -53,6 +54,11 @@ def full(model: torch.nn.Module, names: list[str]) -> dict[str, torch.Tensor]:
     """Every named tensor whole, on every rank (a collective): the check's reference only."""
     from torch.distributed.tensor import DTensor
 
+    parameters = dict(model.named_parameters())
+    if any(hasattr(parameter, "ds_tensor") for parameter in parameters.values()):
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        return {name: safe_get_full_fp32_param(parameters[name]).float().clone() for name in names}
     state = model.state_dict()
     return {
         name: (state[name].full_tensor() if isinstance(state[name], DTensor) else state[name])
@@ -77,9 +83,20 @@ def main(kind: str, folder: Path) -> None:
         for layer in model.model.layers:
             fully_shard(layer)
         fully_shard(model)
-    else:
+    elif kind == "tp":
         model = load_model("causal-lm", folder / "model", split=sharded_loading(accelerator))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    if kind == "zero3":
+        deepspeed = accelerator.state.deepspeed_plugin
+        assert deepspeed is not None, "run zero3 under a DeepSpeed accelerate config"
+        deepspeed.deepspeed_config["train_micro_batch_size_per_gpu"] = 2
+        model = tiny_llama()
+        model, optimizer = accelerator.prepare(
+            model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+        )
+        model = accelerator.unwrap_model(model)
+        engine = accelerator._models[0]
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     names = canonical_names(model)
     weights = ModelWeights(accelerator, model, names, ranks)
     assert weights.sharded and weights.shares is not None
@@ -122,9 +139,12 @@ def main(kind: str, folder: Path) -> None:
     assert digest == GlobalWeights(moved).digest(), "the digest depends on the sharding"
 
     # The pseudo-gradient after a step: theta_local - theta_global, whole, in the file.
-    loss = model(tokens, labels=tokens).loss
-    loss.backward()
-    optimizer.step()
+    if kind == "zero3":
+        engine.backward(engine(tokens, labels=tokens).loss)
+        engine.step()
+    else:
+        model(tokens, labels=tokens).loss.backward()
+        optimizer.step()
     global_weights.write_pseudo_gradient(
         weights.local(), folder / "pseudo-gradient.safetensors", torch.float32
     )

@@ -122,9 +122,10 @@ def canonical_names(model: torch.nn.Module) -> dict[str, str]:
 class ModelWeights:
     """The model's weights as this rank holds them (`local`), and loaded back (`load`).
 
-    A sharded model (FSDP2, tensor parallelism, both; shards.py) is read and loaded block by
-    block, each rank its own, with no collective: no rank ever holds the whole model. Other
-    layouts are gathered whole onto rank 0. Replicated models (one process, DDP) are read in
+    A sharded model (FSDP2, tensor parallelism, both, ZeRO-3; shards.py) is read and loaded
+    block by block, each rank its own, with no collective: no rank ever holds the whole model.
+    ZeRO-3's blocks are its partitions of the fp32 master weights, loaded into both those and
+    the model's own partitions. Other layouts are gathered whole onto rank 0. Replicated models (one process, DDP) are read in
     place and loaded with copies into the live tensors (so the optimizer's state stays
     attached to them) and a broadcast. FSDP1 goes through torch.distributed.checkpoint's
     full-state-dict API. DeepSpeed reads the fp32 master weights, never a 16-bit gather, and
@@ -140,7 +141,7 @@ class ModelWeights:
     ) -> None:
         """`ranks`: the job's, for the one collective a sharded model needs here (who
         writes each block); None for one process."""
-        from hypha.accelerate_executor.training.shards import is_sharded, shares_of
+        from hypha.accelerate_executor.training import shards
 
         self._accelerator = accelerator
         self._model = model
@@ -148,13 +149,17 @@ class ModelWeights:
         self._aliases = names
         self._unique = [name for name, canonical in names.items() if name == canonical]
         self._is_main = accelerator.is_main_process
-        self.sharded = is_sharded(self._module)
-        self._kind = DistributedType.NO if self.sharded else _sharding(accelerator, model)
-        # Where each rank's blocks lie; None where rank 0 gathers the whole model.
-        self.shares = None
-        if self.sharded:
+        rank = accelerator.process_index
+        # Where each rank's part of every tensor lies; None where rank 0 gathers the model.
+        self.shares: dict[str, shards.Share] | None = None
+        self._partitioned = shards.is_partitioned(self._module)
+        if self._partitioned:
+            self.shares = shards.partition_shares(self._module, self._unique, rank)
+        elif shards.is_sharded(self._module):
             gather = ranks.gather if ranks is not None else None
-            self.shares = shares_of(self._module, self._unique, accelerator.process_index, gather)
+            self.shares = shards.shares_of(self._module, self._unique, rank, gather)
+        self.sharded = self.shares is not None
+        self._kind = DistributedType.NO if self.sharded else _sharding(accelerator, model)
 
     @property
     def aliases(self) -> dict[str, str]:
@@ -169,8 +174,10 @@ class ModelWeights:
         """This rank's block of every unique tensor (live views) where the model is sharded;
         else every unique tensor, full size (may be live views), on rank 0 and {} on the
         others (a collective)."""
-        from hypha.accelerate_executor.training.shards import local_tensors
+        from hypha.accelerate_executor.training.shards import local_tensors, partition_tensors
 
+        if self._partitioned and self.shares is not None:
+            return partition_tensors(self._module, self.shares)
         if self.sharded:
             return local_tensors(self._module, self._unique)
         if self._kind == DistributedType.FSDP:
@@ -185,7 +192,11 @@ class ModelWeights:
     def load(self, weights: dict[str, torch.Tensor]) -> None:
         """Loads `weights`, as `local` gives them (this rank's blocks, or rank 0's whole
         tensors), into the model on every rank, in place."""
-        if self.sharded:
+        if self._partitioned and self.shares is not None:
+            from hypha.accelerate_executor.training.shards import load_partitions
+
+            load_partitions(self._module, self.shares, weights)
+        elif self.sharded:
             from hypha.accelerate_executor.training.shards import local_tensors
 
             for name, live in local_tensors(self._module, self._unique).items():

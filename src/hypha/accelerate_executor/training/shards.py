@@ -29,10 +29,17 @@ class Share:
     shape: tuple[int, ...]
     offset: tuple[int, ...]
     writes: bool  # this rank writes the block to files (it is the block's first replica)
+    # A flat range instead of a block: elements [offset[0], offset[0] + shape[0]) of the
+    # flattened tensor (a ZeRO-3 partition).
+    flat: bool = False
 
     @classmethod
     def whole(cls, shape: tuple[int, ...], writes: bool = True) -> Share:
         return cls(shape, shape, (0,) * len(shape), writes)
+
+    @classmethod
+    def flat_range(cls, full_shape: tuple[int, ...], start: int, count: int) -> Share:
+        return cls(full_shape, (count,), (start,), writes=True, flat=True)
 
     @property
     def numel(self) -> int:
@@ -48,6 +55,8 @@ class Share:
         elements that are consecutive in the full tensor, both flattened row-major."""
         if self.numel == 0:
             return ()
+        if self.flat:
+            return ((self.offset[0], 0, self.numel),)
         # The trailing dimensions the block spans whole are one stretch of memory with the
         # dimension before them: a run is that dimension's slice of them.
         split = len(self.shape)
@@ -136,3 +145,64 @@ def shares_of(
         )
         shares[name] = Share(full_shape, shape, offset, writes=first == rank)
     return shares
+
+
+def is_partitioned(module: torch.nn.Module) -> bool:
+    """Whether DeepSpeed's ZeRO-3 partitions the parameters (each rank holds a flat range)."""
+    return any(hasattr(parameter, "ds_tensor") for parameter in module.parameters())
+
+
+def partition_shares(module: torch.nn.Module, names: list[str], rank: int) -> dict[str, Share]:
+    """Where this rank's ZeRO-3 partition of each named parameter lies: a flat range of the
+    flattened tensor, the padding of the last partition left out; buffers are whole on every
+    rank, written by rank 0."""
+    parameters: dict[str, Any] = dict(module.named_parameters())  # with DeepSpeed's ds_ fields
+    state = module.state_dict(keep_vars=True)
+    shares = {}
+    for name in names:
+        parameter = parameters.get(name)
+        if parameter is None or not hasattr(parameter, "ds_tensor"):
+            shares[name] = Share.whole(tuple(state[name].shape), writes=rank == 0)
+            continue
+        size = parameter.ds_tensor.ds_numel  # every rank's partition, padded alike
+        start = min(rank * size, parameter.ds_numel)
+        count = min(size, parameter.ds_numel - start)
+        shares[name] = Share.flat_range(tuple(parameter.ds_shape), start, count)
+    return shares
+
+
+def partition_tensors(module: torch.nn.Module, shares: dict[str, Share]) -> dict[str, torch.Tensor]:
+    """This rank's ZeRO-3 partition of each parameter, from the fp32 master weights (never a
+    16-bit copy), and every buffer whole."""
+    from deepspeed.utils import safe_get_local_fp32_param
+
+    parameters = dict(module.named_parameters())
+    state = module.state_dict(keep_vars=True)
+    tensors = {}
+    for name, share in shares.items():
+        if share.flat:
+            tensors[name] = safe_get_local_fp32_param(parameters[name])[: share.numel].detach()
+        else:
+            tensors[name] = state[name].detach()
+    return tensors
+
+
+def load_partitions(
+    module: torch.nn.Module, shares: dict[str, Share], values: dict[str, torch.Tensor]
+) -> None:
+    """`values` (this rank's partitions) into both the fp32 master weights and the model's own
+    partitions, which the next forward gathers: the master copy alone would reach the model
+    only at the next optimizer step."""
+    from deepspeed.utils import safe_get_local_fp32_param, safe_set_local_fp32_param
+
+    parameters = dict(module.named_parameters())
+    state = module.state_dict(keep_vars=True)
+    for name, share in shares.items():
+        if not share.flat:
+            state[name].data.copy_(values[name])
+            continue
+        parameter: Any = parameters[name]  # with DeepSpeed's ds_ fields
+        master = safe_get_local_fp32_param(parameter).clone()  # padded as DeepSpeed keeps it
+        master[: share.numel].copy_(values[name])
+        safe_set_local_fp32_param(parameter, master)
+        parameter.ds_tensor.data[: share.numel].copy_(values[name])
