@@ -72,6 +72,16 @@ class Ranks:
         dist.all_reduce(value, op=dist.ReduceOp.MIN, group=self._group)
         return bool(value.item())
 
+    def gather_ints(self, values: list[int]) -> list[list[int]]:
+        """Every rank's `values` (as many on every rank), in rank order, on every rank: one
+        all-gather of a few integers over the control group."""
+        if self.count == 1:
+            return [list(values)]
+        mine = torch.tensor(values, dtype=torch.int64)
+        every = [torch.empty_like(mine) for _ in range(self.count)]
+        dist.all_gather(every, mine, group=self._group)
+        return [[int(value) for value in tensor.tolist()] for tensor in every]
+
     def barrier(self) -> None:
         if self.count > 1:
             dist.barrier(group=self._group)

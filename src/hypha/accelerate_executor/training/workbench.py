@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from hypha.accelerate_executor.training.data import Batch, SliceStream
     from hypha.accelerate_executor.training.distributed import ModelWeights, Ranks
     from hypha.accelerate_executor.training.inputs import ModelInputs
+    from hypha.accelerate_executor.training.round_metrics import MemoryPeaks
     from hypha.accelerate_executor.training.settings import RunSettings
     from hypha.accelerate_executor.training.steps import MicroBatchedStep
 
@@ -141,14 +142,24 @@ class Workbench:
     def next_batch(self) -> Batch:
         return self.inputs(next(self.batches))  # on the device, labels made there
 
-    def peak_device_memory(self) -> int | None:
-        """The most memory torch's allocator has held on this rank's GPU since the job began
-        (None off a GPU): what an operator sizes a host by, and what `selftest` reports."""
+    def peak_memory(self) -> MemoryPeaks:
+        """Every rank's peaks since the job began, on every rank (a collective): its process's
+        resident set, and the most memory torch's allocator has held on its GPU, where it has
+        one. What an operator sizes a host by, and what `selftest` reports."""
         import torch
 
-        if self.accelerator.device.type != "cuda":  # ROCm's GPUs are "cuda" devices too
-            return None
-        return int(torch.cuda.max_memory_allocated(self.accelerator.device))
+        from hypha.accelerate_executor.training.round_metrics import (
+            MemoryPeaks,
+            host_peak_memory,
+        )
+
+        on_gpu = self.accelerator.device.type == "cuda"  # ROCm's GPUs are "cuda" devices too
+        device = int(torch.cuda.max_memory_allocated(self.accelerator.device)) if on_gpu else 0
+        every = self.ranks.gather_ints([host_peak_memory(), device])
+        return MemoryPeaks(
+            host=[host for host, _ in every],
+            device=[device for _, device in every] if on_gpu else None,
+        )
 
     def announce(self, protocol: str = "") -> None:
         """The job's first line, alike in both generations: what trains, on what, sharded how;
