@@ -73,7 +73,12 @@ class Workbench:
             process_group_settings,
         )
         from hypha.accelerate_executor.training.inputs import ModelInputs, slice_names
-        from hypha.accelerate_executor.training.modeling import load_model, load_preprocessor
+        from hypha.accelerate_executor.training.modeling import (
+            checkpoint_activations,
+            checkpointed_blocks,
+            load_model,
+            load_preprocessor,
+        )
         from hypha.accelerate_executor.training.optimization import (
             adamw_arguments,
             build_adamw,
@@ -95,6 +100,11 @@ class Workbench:
                 self.bridge.fetch(config.preprocessor.artifact)
         self.ranks.barrier()
         model = load_model(config.model.task, artifacts, trust_remote_code)
+        # accelerate's state has an FSDP plugin only under FSDP.
+        by_fsdp = self.accelerator.distributed_type.value == "FSDP" and bool(
+            self.accelerator.state.fsdp_plugin.activation_checkpointing
+        )
+        checkpointing = checkpoint_activations(model, run.gradient_checkpointing, by_fsdp)
         names = canonical_names(model)
         # Under ZeRO-3's init the parameters are already partitioned: numel() would be 0.
         self.parameter_count = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
@@ -126,6 +136,9 @@ class Workbench:
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.model.train()
         self.say(f"step: {compiled.what}")
+        if checkpointing is not None:  # counted once accelerate has wrapped the model
+            blocks = checkpointed_blocks(self.model)
+            self.say(f"activation checkpointing: {blocks} blocks, by {checkpointing}")
         self.step = MicroBatchedStep(
             self.accelerator,
             self.model,
