@@ -121,9 +121,13 @@ def check_arrived(
         assert loss in {f"{p.value:.4f}" for p in points}, (worker, number, loss, points)
         assert all(p.resource["hypha.worker.name"] == worker for p in points)
     metric_names = {item.name for item in receiver.items if item.signal == "metric"}
-    assert {"process.cpu.time", "process.memory.usage", "hypha.training.samples_per_second"} <= (
-        metric_names
-    )
+    assert {
+        "process.cpu.time",
+        "process.memory.usage",
+        "hypha.training.samples_per_second",
+        "hypha.training.peak_host_memory_bytes_rank_0",  # every rank's peaks, from rank 0
+        "hypha.training.peak_host_memory_bytes",
+    } <= metric_names
     assert receiver.requests
     for path, headers in receiver.requests:
         assert path in paths

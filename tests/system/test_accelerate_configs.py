@@ -1,8 +1,9 @@
 """The same job trains the same way under every bundled multi-process accelerate config.
 
 Two processes on the CPU, the stand-in's causal-LM job, 3 rounds: DDP (multi-cpu), FSDP (the
-shipped fsdp config, accelerate's GPU-only gate lifted as a GPU would lift it) and ZeRO-2/3
-(the shipped DeepSpeed configs) give the same round losses within noise. Every config but
+shipped fsdp config, accelerate's GPU-only gate lifted as a GPU would lift it; and that config
+with fsdp_activation_checkpointing on) and ZeRO-2/3 (the shipped DeepSpeed configs) give the
+same round losses within noise. Every config but
 mixed precision is the shipped one; all run in fp32 here, so that only what the configs do
 to training differs. The noise is the batches a late ScheduleUpdate answer lets a round run
 past its target (one batch at most, measured); DeepSpeed's default clipping at norm 1.0,
@@ -28,12 +29,20 @@ REPO = REPO
 FSDP_ON_CPU = TESTS / "sharding" / "executor_on_cpu_as_on_gpus.py"
 BRIDGE_ARGS = ("--socket", "{SOCKET_PATH}", "--work-dir", "{WORK_DIR}", "--job", "{JOB_JSON}")
 pytestmark = pytest.mark.slow
+# The shipped fsdp config with accelerate's activation checkpointing on: its blocks wrapped
+# in checkpoint wrappers as accelerate prepares the model, the executor's weights and steps
+# unchanged by them.
+CHECKPOINTED = "+checkpointed"
 
 
 def fp32_config(name: str, folder: Path) -> Path:
-    text = (REPO / "accelerate-configs" / f"{name}.yaml").read_text()
-    if name == "fsdp":  # the processes join over gloo, as accelerate's CPU path does
+    text = (REPO / "accelerate-configs" / f"{name.removesuffix(CHECKPOINTED)}.yaml").read_text()
+    if name.startswith("fsdp"):  # the processes join over gloo, as accelerate's CPU path does
         text = text.replace("use_cpu: false", "use_cpu: true")
+    if name.endswith(CHECKPOINTED):
+        text = text.replace(
+            "fsdp_activation_checkpointing: false", "fsdp_activation_checkpointing: true"
+        )
     path = folder / f"{name}.yaml"
     path.write_text(text.replace("mixed_precision: bf16", "mixed_precision: 'no'"))
     return path
@@ -41,7 +50,7 @@ def fp32_config(name: str, folder: Path) -> Path:
 
 def entry(name: str, folder: Path, port: int) -> ExecutorEntry:
     config = str(fp32_config(name, folder))
-    if name != "fsdp":  # the image's launcher, as a worker starts it
+    if not name.startswith("fsdp"):  # the image's launcher, as a worker starts it
         return ExecutorEntry(
             sys.executable,
             ("-m", "hypha.accelerate_executor.platform.launcher", "--accelerate-config", config,
@@ -75,9 +84,14 @@ def test_ddp_fsdp_and_zero_2_and_3_give_the_same_round_losses(
     ensure_assets(assets)
     losses = {
         name: round_losses(name, tmp_path, short_tmp, assets, 29400 + number)
-        for number, name in enumerate(("multi-cpu", "fsdp", "deepspeed-zero2", "deepspeed-zero3"))
+        for number, name in enumerate(
+            ("multi-cpu", "fsdp", f"fsdp{CHECKPOINTED}", "deepspeed-zero2", "deepspeed-zero3")
+        )
     }
     output = "".join(capfd.readouterr())
+    # The stand-in's GPT-2 has 2 blocks; accelerate gives its checkpoint wrappers no RNG
+    # state, so dropout draws again in the recompute: within the noise below, not the same.
+    assert output.count("activation checkpointing: 2 blocks, by accelerate's FSDP") == 1
     for kind in ("MULTI_CPU", "FSDP", "DEEPSPEED"):  # DeepSpeed's device is `cpu`, not `cpu:0`
         assert re.search(rf"over 2 process\(es\) on cpu(:0)?, distributed type {kind}\b", output), (
             kind

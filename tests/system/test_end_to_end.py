@@ -66,7 +66,8 @@ def test_two_accelerate_processes_through_two_rounds(
     assets_dir: Path, tmp_path: Path, short_tmp: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """accelerate launch with 2 CPU processes (gloo): only rank 0 talks to the bridge, both
-    ranks take the same decisions, and the pseudo-gradient comes from the unwrapped model."""
+    ranks take the same decisions, the pseudo-gradient comes from the unwrapped model, and
+    rank 0 reports both ranks' memory peaks."""
     entry = launcher_entry("multi-cpu", 2)
     options = RunOptions(workers=1, rounds=2, steps_per_round=12, generation="alpha17")
     run_demo(options, entry, out_dir=tmp_path / "out", work_base=short_tmp, assets_dir=assets_dir)
@@ -78,6 +79,15 @@ def test_two_accelerate_processes_through_two_rounds(
     assert "batch 8 over 2 process(es)" in output
     assert output.count("round 2: done") == 1  # rank 0 alone speaks
     assert summary["rounds"][-1]["mean_loss"] < summary["rounds"][0]["mean_loss"]
+    # Every round's metrics carry both ranks' memory peaks, gathered to rank 0.
+    metrics = summary["workers"]["w1"]["metrics"]
+    assert len(metrics) == 2, metrics
+    for figures in metrics.values():
+        peaks = [figures[f"peak_host_memory_bytes_rank_{rank}"] for rank in (0, 1)]
+        assert all(100e6 < peak < 64e9 for peak in peaks), figures
+        assert figures["peak_host_memory_bytes"] == max(peaks)
+        assert "peak_device_memory_bytes" not in figures  # no GPU here
+    assert output.count("GB per rank") == 2, output[-3000:]
 
 
 def test_fsdp_config_without_gpus_trains_unsharded_and_says_so(

@@ -20,6 +20,7 @@ error's `exit_code`.
     │   ├── DataError           a data slice does not hold what the job says
     │   ├── NoLossError         the model's forward returned no loss
     │   ├── OutOfMemory         a step does not fit even in the smallest micro-batches
+    │   ├── NoGradientCheckpointing  HYPHA_GRADIENT_CHECKPOINTING for a model without it: 2
     │   ├── UpdateError         the parameter server's update does not fit the model
     │   └── TensorFileError     a file is not the safetensors file it should be
     ├── LaunchError             the image's launcher: bad argument, config or container: 2
@@ -144,6 +145,14 @@ class NoLossError(ExecutorError):
 
 class OutOfMemory(ExecutorError):
     """A step does not fit in memory even in the smallest micro-batches."""
+
+
+class NoGradientCheckpointing(ExecutorError):
+    """HYPHA_GRADIENT_CHECKPOINTING is on and the model's class has no gradient checkpointing
+    (transformers' `supports_gradient_checkpointing`): a setting the job cannot have, as a
+    refused value is."""
+
+    exit_code = EXIT_USAGE
 
 
 class UpdateError(ExecutorError):

@@ -29,6 +29,7 @@ BAD = {
     ),
     "HYPHA_TRUST_REMOTE_CODE": ("please", SWITCH),
     "HYPHA_COMPILE": ("fast", "accepted: auto, on, off"),
+    "HYPHA_GRADIENT_CHECKPOINTING": ("sometimes", SWITCH),
     "HYPHA_MODEL_DIR": ("/dev/null/models", "model dir '/dev/null/models': Not a directory"),
 }
 

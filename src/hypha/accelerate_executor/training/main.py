@@ -114,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             compile=arguments.compile,
             speculative_step=arguments.speculative_step,
             model_dir=arguments.model_dir,
+            gradient_checkpointing=arguments.gradient_checkpointing,
         )
         if isinstance(job, ActionJob):
             ActionTrainer(job, run).run()

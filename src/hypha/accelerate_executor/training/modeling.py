@@ -10,7 +10,11 @@ from typing import Any
 import torch
 import transformers
 
-from hypha.accelerate_executor.errors import JobSpecError, RemoteCodeRefused
+from hypha.accelerate_executor.errors import (
+    JobSpecError,
+    NoGradientCheckpointing,
+    RemoteCodeRefused,
+)
 from hypha.accelerate_executor.protocol.tasks import trains
 
 # transformers 5 folded Vision2Seq into ImageTextToText; older releases have both.
@@ -64,6 +68,48 @@ def load_model(
         # only: the flag is bound here, which every wrapper's forward call goes through.
         model.forward = functools.partial(model.forward, return_loss=True)
     return model
+
+
+def checkpoint_activations(model: torch.nn.Module, asked: bool, by_fsdp: bool) -> str | None:
+    """Activations recomputed in the backward pass instead of kept, where `asked`
+    (HYPHA_GRADIENT_CHECKPOINTING) or done `by_fsdp` (the accelerate config's
+    fsdp_activation_checkpointing, which accelerate applies itself as it prepares the model);
+    returns by whom, or None. Raises NoGradientCheckpointing where asked of a model that has
+    none."""
+    if by_fsdp:
+        # A block checkpointed twice is recomputed twice over, and saves nothing more.
+        return "accelerate's FSDP" + (", not HYPHA_GRADIENT_CHECKPOINTING as well" if asked else "")
+    if not asked:
+        return None
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise NoGradientCheckpointing(
+            f"HYPHA_GRADIENT_CHECKPOINTING is on, and {type(model).__name__} has no gradient "
+            "checkpointing (supports_gradient_checkpointing is not True); unset it"
+        )
+    # Non-reentrant, as torch recommends: the reentrant form gives a block whose inputs need
+    # no gradient (the embeddings' output of a frozen table) none, and needs DDP's static graph.
+    kwargs = {"use_reentrant": False}
+    pretrained: Any = model
+    if hasattr(pretrained, "activation_checkpointing_enable"):  # its name since 5.x
+        pretrained.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        pretrained.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    return "transformers' gradient checkpointing"
+
+
+def checkpointed_blocks(model: torch.nn.Module) -> int:
+    """The modules whose activations are recomputed: those accelerate wrapped for FSDP, and
+    those transformers' flag is on in (not the model's own, which only passes it on)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    return sum(
+        isinstance(module, CheckpointWrapper)
+        or (
+            getattr(module, "gradient_checkpointing", False) is True
+            and not isinstance(module, transformers.PreTrainedModel)
+        )
+        for module in model.modules()
+    )
 
 
 def load_tokenizer(folder: Path) -> Any:

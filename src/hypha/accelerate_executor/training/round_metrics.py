@@ -6,7 +6,9 @@ round's log line and its telemetry gauges (hypha.training.NAME, docs/telemetry.m
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from hypha.accelerate_executor import telemetry
 
@@ -19,11 +21,11 @@ def training_metrics(
     learning_rate: float,
     loss: float | None,
     tokens: int = 0,
-    peak_memory: int | None = None,
+    memory: MemoryPeaks | None = None,
 ) -> dict[str, float]:
     """What a round trained, by the names the scheduler and telemetry read: rates only where
     it trained (a round of no batches has none), the loss only where there is a finite one
-    (JSON has no NaN), the device's peak where the device has one."""
+    (JSON has no NaN), and every rank's memory peaks (memory_metrics)."""
     metrics = {"batches": float(batches)}
     if batches:
         metrics["samples_per_second"] = samples / max(seconds, 1e-9)
@@ -32,9 +34,61 @@ def training_metrics(
             metrics["tokens_per_second"] = tokens / max(seconds, 1e-9)
     if loss is not None and math.isfinite(loss):
         metrics["loss"] = loss
-    if peak_memory is not None:
-        metrics["peak_device_memory_bytes"] = float(peak_memory)
+    if memory is not None:
+        metrics.update(memory_metrics(memory))
     return metrics
+
+
+@dataclass(frozen=True)
+class MemoryPeaks:
+    """The most memory each rank has held since the job began, in rank order: its process's
+    resident set (host), and torch's allocator on its GPU (device; None off a GPU)."""
+
+    host: Sequence[int]
+    device: Sequence[int] | None = None
+
+
+def memory_metrics(peaks: MemoryPeaks) -> dict[str, float]:
+    """`peak_host_memory_bytes_rank_N` for every rank and `peak_host_memory_bytes`, the largest
+    of them; on a GPU the same for `peak_device_memory_bytes` (the name rank 0's device peak
+    went by before every rank's was reported, and what selftest reads). An operator sizes a
+    host by its largest rank, and sees a rank that holds more than the others."""
+    metrics: dict[str, float] = {}
+    for kind, values in (("device", peaks.device), ("host", peaks.host)):
+        if values:
+            metrics[f"peak_{kind}_memory_bytes"] = float(max(values))
+            for rank, value in enumerate(values):
+                metrics[f"peak_{kind}_memory_bytes_rank_{rank}"] = float(value)
+    return metrics
+
+
+def memory_text(peaks: MemoryPeaks) -> str:
+    """The round line's part: `peak device 1.23/1.10 GB, host 3.20/3.10 GB per rank`, the
+    device only where there is one."""
+
+    def per_rank(values: Sequence[int]) -> str:
+        return "/".join(f"{value / 1e9:.2f}" for value in values) + " GB"
+
+    host = f"host {per_rank(peaks.host)}"
+    if peaks.device:
+        return f"peak device {per_rank(peaks.device)}, {host} per rank"
+    return f"peak {host} per rank"
+
+
+def host_peak_memory() -> int:
+    """This process's peak resident set in bytes: VmHWM where /proc has it (Linux), else
+    getrusage's ru_maxrss (bytes on macOS, KiB elsewhere)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # "VmHWM:  123456 kB"
+    except OSError:
+        pass
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
 
 
 def round_ended(

@@ -181,6 +181,15 @@ SETTINGS: tuple[Setting, ...] = (
         "torch.compile the model's step: on, off, or auto (default: where it is measured to "
         "pay, a CUDA GPU with Triton and a C compiler); a failed compile falls back to eager",
     ),
+    Setting(
+        "HYPHA_GRADIENT_CHECKPOINTING",
+        "--gradient-checkpointing",
+        "gradient_checkpointing",
+        switch,
+        "off",
+        "recompute each transformer block's activations in the backward pass instead of "
+        "keeping them (transformers' gradient checkpointing): less memory, a slower step",
+    ),
 )
 
 
@@ -236,3 +245,4 @@ class RunSettings:
     compile: str = "off"
     speculative_step: str = "auto"  # the action protocol's (actions/speculative.py)
     model_dir: Path | None = None  # where the final model is kept at terminate, if anywhere
+    gradient_checkpointing: bool = False  # HYPHA_GRADIENT_CHECKPOINTING

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from hypha.accelerate_executor.training.data import Batch, SliceStream
     from hypha.accelerate_executor.training.distributed import ModelWeights, Ranks
     from hypha.accelerate_executor.training.inputs import ModelInputs
+    from hypha.accelerate_executor.training.round_metrics import MemoryPeaks
     from hypha.accelerate_executor.training.settings import RunSettings
     from hypha.accelerate_executor.training.steps import MicroBatchedStep
 
@@ -72,7 +73,12 @@ class Workbench:
             process_group_settings,
         )
         from hypha.accelerate_executor.training.inputs import ModelInputs, slice_names
-        from hypha.accelerate_executor.training.modeling import load_model, load_preprocessor
+        from hypha.accelerate_executor.training.modeling import (
+            checkpoint_activations,
+            checkpointed_blocks,
+            load_model,
+            load_preprocessor,
+        )
         from hypha.accelerate_executor.training.optimization import (
             adamw_arguments,
             build_adamw,
@@ -100,6 +106,11 @@ class Workbench:
         check_parallelism(self.accelerator, artifacts)
         split = sharded_loading(self.accelerator)  # None: each rank loads it whole
         model = load_model(config.model.task, artifacts, trust_remote_code, split)
+        # accelerate's state has an FSDP plugin only under FSDP.
+        by_fsdp = self.accelerator.distributed_type.value == "FSDP" and bool(
+            self.accelerator.state.fsdp_plugin.activation_checkpointing
+        )
+        checkpointing = checkpoint_activations(model, run.gradient_checkpointing, by_fsdp)
         names = canonical_names(model)
         # Under ZeRO-3's init the parameters are already partitioned: numel() would be 0.
         self.parameter_count = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
@@ -137,6 +148,9 @@ class Workbench:
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.model.train()
         self.say(f"step: {compiled.what}")
+        if checkpointing is not None:  # counted once accelerate has wrapped the model
+            blocks = checkpointed_blocks(self.model)
+            self.say(f"activation checkpointing: {blocks} blocks, by {checkpointing}")
         self.step = MicroBatchedStep(
             self.accelerator,
             self.model,
@@ -160,14 +174,24 @@ class Workbench:
     def next_batch(self) -> Batch:
         return self.inputs(next(self.batches))  # on the device, labels made there
 
-    def peak_device_memory(self) -> int | None:
-        """The most memory torch's allocator has held on this rank's GPU since the job began
-        (None off a GPU): what an operator sizes a host by, and what `selftest` reports."""
+    def peak_memory(self) -> MemoryPeaks:
+        """Every rank's peaks since the job began, on every rank (a collective): its process's
+        resident set, and the most memory torch's allocator has held on its GPU, where it has
+        one. What an operator sizes a host by, and what `selftest` reports."""
         import torch
 
-        if self.accelerator.device.type != "cuda":  # ROCm's GPUs are "cuda" devices too
-            return None
-        return int(torch.cuda.max_memory_allocated(self.accelerator.device))
+        from hypha.accelerate_executor.training.round_metrics import (
+            MemoryPeaks,
+            host_peak_memory,
+        )
+
+        on_gpu = self.accelerator.device.type == "cuda"  # ROCm's GPUs are "cuda" devices too
+        device = int(torch.cuda.max_memory_allocated(self.accelerator.device)) if on_gpu else 0
+        every = self.ranks.gather([host_peak_memory(), device])
+        return MemoryPeaks(
+            host=[host for host, _ in every],
+            device=[device for _, device in every] if on_gpu else None,
+        )
 
     def announce(self, protocol: str = "") -> None:
         """The job's first line, alike in both generations: what trains, on what, sharded how;

@@ -68,6 +68,7 @@ from hypha.accelerate_executor.protocol.actions.messages import (
 from hypha.accelerate_executor.training.clocks import Laps
 from hypha.accelerate_executor.training.round_metrics import (
     loss_text,
+    memory_text,
     round_ended,
     training_metrics,
 )
@@ -327,6 +328,7 @@ class ActionTrainer(Workbench):
         (an update may never be applied to it: a late joiner's first send)."""
         local = self.weights.local()  # a collective where the weights are gathered
         loss = self._window_loss()  # a collective
+        memory = self.peak_memory()  # and so is this
         problem, size = self.exchange.send(local, target, self.dtype, weight)
         del local
         # The window closes only once the update carrying it has gone: after a failed send
@@ -346,7 +348,7 @@ class ActionTrainer(Workbench):
                 seconds=window.seconds,
                 learning_rate=float(self.lr_schedule.get_last_lr()[0]),
                 loss=loss,
-                peak_memory=self.peak_device_memory(),
+                memory=memory,
             ),
             "weight": weight,
             "global_digest": float(digest),
@@ -356,7 +358,7 @@ class ActionTrainer(Workbench):
             self.round + 1,
             {**metrics, "sent_bytes": float(size)},
             f"loss {loss_text(loss)} | {window.batches} batches | "
-            f"weight {weight:.3f} | {size / 1e6:.1f} MB sent",
+            f"weight {weight:.3f} | {size / 1e6:.1f} MB sent | {memory_text(memory)}",
         )
         return sent_update(self.round, metrics)
 

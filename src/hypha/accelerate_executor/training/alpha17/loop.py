@@ -20,7 +20,12 @@ from hypha.accelerate_executor.protocol.alpha17.messages import (
     round_metrics,
 )
 from hypha.accelerate_executor.training.clocks import Laps
-from hypha.accelerate_executor.training.round_metrics import round_ended, training_metrics
+from hypha.accelerate_executor.training.round_metrics import (
+    MemoryPeaks,
+    memory_text,
+    round_ended,
+    training_metrics,
+)
 from hypha.accelerate_executor.training.workbench import Workbench
 
 if TYPE_CHECKING:
@@ -55,6 +60,7 @@ class RoundStats:
     # Where the round's wall time went on this rank (data, step, statuses), and the CPU
     # time the process took meanwhile, all its threads counted.
     parts: dict[str, float] = field(default_factory=dict)
+    memory: MemoryPeaks | None = None  # every rank's, gathered as the round's training ends
 
 
 class Trainer(Workbench):
@@ -169,6 +175,7 @@ class Trainer(Workbench):
             # (a tensor-parallel group's ranks hold the same share)
             loss_sum = self.accelerator.reduce(loss_sum, reduction="sum") / self.ranks.per_data_rank
         stats.loss = float(loss_sum.item()) / max(stats.batches, 1)
+        stats.memory = self.peak_memory()  # a collective too
         stats.parts = {**laps.parts, "cpu": laps.cpu_seconds}
         return stats
 
@@ -198,7 +205,7 @@ class Trainer(Workbench):
                 learning_rate=float(self.lr_schedule.get_last_lr()[0]),
                 loss=stats.loss,
                 tokens=stats.tokens,
-                peak_memory=self.peak_device_memory(),
+                memory=stats.memory,
             ),
             "overshoot_batches": float(stats.overshoot),
         }
@@ -223,7 +230,8 @@ class Trainer(Workbench):
                 f"{stats.overshoot} past ScheduleUpdate | {stats.samples / stats.seconds:.1f} "
                 f"samples/s | {parts} | sync {outcome.overhead_s:.3f} s "
                 f"({outcome.bytes_out / 1e6:.1f} MB out) + {outcome.seconds['wait']:.2f} s "
-                "waiting for the update",
+                "waiting for the update"
+                + (f" | {memory_text(stats.memory)}" if stats.memory else ""),
             )
         answer = self.ranks.share(outcome.answer)
         return answer if isinstance(answer, Done) else Continue()
