@@ -154,6 +154,7 @@ def in_place_bridge(work_dir: Path, slices: list[Batch]) -> type[QuietHandler]:
 
 class OneRank:
     index, count, is_main = 0, 1, True
+    data_index, data_count = 0, 1
 
     def share(self, value: object) -> object:
         return value

@@ -67,5 +67,5 @@ def test_the_host_peak_is_this_processs_peak_resident_set() -> None:
 
 def test_a_single_process_gathers_its_own_values(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    accelerator: Any = SimpleNamespace(process_index=0, num_processes=1)
+    accelerator: Any = SimpleNamespace(process_index=0, num_processes=1, parallelism_config=None)
     assert Ranks(accelerator).gather([5, 7]) == [[5, 7]]
