@@ -9,7 +9,8 @@ accelerate gates two things to accelerators, and on the CPU sets MULTI_CPU inste
   processes.
 - A ParallelismConfig over several processes (tensor parallelism): `Accelerator.multi_device`
   counts only accelerator types, and the config is refused for MULTI_CPU. Here it counts
-  MULTI_CPU too, which is all the gate does: DTensor's tensor parallelism runs over gloo.
+  MULTI_CPU too where such a config is set, which is all the gate does: DTensor's tensor
+  parallelism runs over gloo.
 The executor then runs as it does on a GPU host.
 """
 
@@ -26,8 +27,15 @@ assert _multi_device is not None
 
 
 def _multi_device_on_cpu(self: Accelerator) -> bool:
+    # Only with a parallelism config over several processes: plain MULTI_CPU keeps
+    # accelerate's own DDP path (a CPU module takes no device_ids, which the multi-device
+    # path would pass).
+    config = getattr(self, "parallelism_config", None)
     return bool(_multi_device(self)) or (
-        self.use_distributed and self.distributed_type == DistributedType.MULTI_CPU
+        self.use_distributed
+        and self.distributed_type == DistributedType.MULTI_CPU
+        and config is not None
+        and config.total_size > 1
     )
 
 
