@@ -2,7 +2,11 @@
 
     python bench/parallel_memory.py [--quick] [--sizes 50m,200m] [--ranks 2,4]
         [--cases ddp,fsdp2,zero3,tp,tp-fsdp2] [--rounds 2] [--steps-per-round 3]
-        [--configs DIR] [--baseline-tree PATH] [--out DIR]
+        [--configs DIR] [--baseline-tree PATH] [--gpu] [--out DIR]
+
+With --gpu (a host with GPUs: bench/gpu_acceptance/run.sh's `parallel` part) the configs run
+as shipped, one rank per GPU in bf16, and each rank's device peak (the executor's own
+max-allocated, from its round lines) stands beside its host one.
 
 Each case is one job of the local stand-in (one worker, alpha.17 bridges) run as
 tests/system/test_accelerate_configs.py runs it: the launcher's own plan for the case's
@@ -158,6 +162,8 @@ SIZES: dict[str, LlamaSpec] = {
     ),  # 194M
 }
 SYNC_LINE = re.compile(rf"\[{WORKER}\] round (\d+): .*\| sync ([\d.]+) s \(")
+# The executor's own per-rank GPU peaks (max-allocated), in its round lines on a GPU.
+DEVICE_PEAKS = re.compile(rf"\[{WORKER}\] round \d+: .*\| peak device ([\d./]+) GB")
 TREE_THIS, TREE_BASELINE = "this", "baseline"
 # What a rank holds before it loads a model: torch alone, and the libraries the executor
 # trains with (its own modules import them lazily, so importing those says little).
@@ -174,6 +180,7 @@ class Result:
     seconds: float
     peaks_gb: list[float] = field(default_factory=list)  # by rank
     sync_s: list[float] = field(default_factory=list)  # by round
+    device_peaks_gb: list[float] = field(default_factory=list)  # by rank, with --gpu
     log: str = ""
 
     @property
@@ -192,13 +199,14 @@ def say(text: str) -> None:
 # The child: one case's job --------------------------------------------------------------
 
 
-def fp32_config(source: Path, folder: Path, use_cpu: bool) -> Path:
+def fp32_config(source: Path, folder: Path, use_cpu: bool, gpu: bool = False) -> Path:
     """The config as shipped but in fp32 (as the system test runs it), and with the sharded
-    layouts' ranks on the CPU over gloo."""
+    layouts' ranks on the CPU over gloo; on GPUs (`gpu`), the config as shipped."""
     text = source.read_text(encoding="utf-8")
-    if use_cpu:
+    if use_cpu and not gpu:
         text = text.replace("use_cpu: false", "use_cpu: true")
-    text = re.sub(r"mixed_precision: \S+", "mixed_precision: 'no'", text)
+    if not gpu:
+        text = re.sub(r"mixed_precision: \S+", "mixed_precision: 'no'", text)
     path = folder / source.name
     path.write_text(text, encoding="utf-8")
     return path
@@ -227,7 +235,8 @@ def one_job(spec: dict[str, object]) -> int:
     # Short (a socket path must fit 107 bytes).
     with tempfile.TemporaryDirectory(prefix="hy-pmem-", dir="/tmp") as folder:
         work_base = Path(folder)
-        config = fp32_config(Path(str(spec["config"])), work_base, use_cpu=bool(case.lifts))
+        gpu = bool(spec.get("gpu"))
+        config = fp32_config(Path(str(spec["config"])), work_base, bool(case.lifts), gpu)
         arguments = argparse.Namespace(
             accelerate_config=str(config),
             num_processes=ranks,
@@ -240,7 +249,7 @@ def one_job(spec: dict[str, object]) -> int:
         at = command.index(TRAINING_MODULE)
         command[at - 1 : at + 1] = [str(RANK_SCRIPT)]  # the rank wrapper in place of `-m ...`
         env = {**launch.env, "HYPHA_BENCH_PEAKS": str(spec["peaks"])}
-        if case.lifts:
+        if case.lifts and not gpu:
             env["ACCELERATE_USE_CPU"] = "True"  # gloo, as accelerate's CPU path joins
         # The ranks share the cores: oversubscribed torch threads only slow every rank.
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // ranks))
@@ -307,7 +316,7 @@ def run_case(
     spec = {
         "case": case.name, "ranks": ranks, "size": size, "rounds": args.rounds,
         "steps_per_round": args.steps_per_round, "assets": str(assets), "peaks": str(peaks),
-        "config": str(args.configs / case.config),
+        "config": str(args.configs / case.config), "gpu": args.gpu,
     }  # fmt: skip
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "src"), str(REPO)])}
     command = [sys.executable, str(Path(__file__).resolve()), "--one", json.dumps(spec)]
@@ -339,6 +348,9 @@ def run_case(
     result.peaks_gb = [record["VmHWM"] * KB / GB for record in records]
     by_round = {int(m.group(1)): float(m.group(2)) for m in SYNC_LINE.finditer(output)}
     result.sync_s = [by_round[number] for number in sorted(by_round)]
+    device = DEVICE_PEAKS.findall(output)
+    if device:  # the last round's: the peak over the whole job so far
+        result.device_peaks_gb = [float(value) for value in device[-1].split("/")]
     code = re.search(r"parallel-memory: executor exit code (-?\d+)", output)
     if not result.status:
         if code is None or int(code.group(1)) != 0:
@@ -426,6 +438,7 @@ def table(results: list[Result]) -> list[dict[str, object]]:
             {
                 "case": case, "ranks": ranks, "size": size, "status": result.status,
                 "peaks_gb": [round(p, 4) for p in result.peaks_gb],
+                "device_peaks_gb": result.device_peaks_gb,
                 "largest_vs_ddp": None if ratio is None else round(ratio, 3),
                 "goal": goal, "verdict": verdict,
                 "sync_s": None if result.sync_mean_s is None else round(result.sync_mean_s, 3),
@@ -442,7 +455,10 @@ def print_table(rows: list[dict[str, object]], with_baseline: bool) -> None:
     def num(value: object, digits: int = 2) -> str:
         return "-" if value is None else f"{value:.{digits}f}"
 
+    on_gpu = any(row["device_peaks_gb"] for row in rows)
     header = ["case", "ranks", "size", "peak GB by rank", "largest / DDP", "goal", "sync s/round"]
+    if on_gpu:  # the ratio and goal are then the host's; the device's peaks beside them
+        header.insert(4, "device peak GB by rank")
     if with_baseline:
         header += ["baseline sync s", "sync / baseline"]
     header.append("status")
@@ -456,6 +472,8 @@ def print_table(rows: list[dict[str, object]], with_baseline: bool) -> None:
             "-" if goal is None else f"<= {goal:g} ({row['verdict']})",
             num(row["sync_s"], 3),
         ]  # fmt: skip
+        if on_gpu:
+            line.insert(4, fmt_list(row["device_peaks_gb"]))  # type: ignore[arg-type]
         if with_baseline:
             line += [num(row["baseline_sync_s"], 3), num(row["sync_vs_baseline"])]
         line.append(str(row["status"]))
@@ -491,6 +509,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--baseline-tree", type=Path,
                         help="a checkout whose src/ runs the same cases, in turns (e.g. a "
                         "`git worktree add /tmp/base 4a389a6`)")  # fmt: skip
+    parser.add_argument("--gpu", action="store_true",
+                        help="on a GPU host: the configs as shipped (bf16, one rank per GPU), "
+                        "and each rank's device peak beside its host one")  # fmt: skip
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--timeout", type=float, default=1800, help="per job, in seconds")
     parser.add_argument("--reserve-gb", type=float, default=2.0,

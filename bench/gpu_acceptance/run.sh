@@ -20,6 +20,9 @@
 #   actions-blocking  the same without it (--speculative-step off), the executor alone
 #   actions-auto  the same with --speculative-step auto (both ways tried in turns as it runs),
 #               the executor alone; not among the default parts
+#   parallel    a host with 2 GPUs or more: bench/parallel_memory.py --gpu, a 200M Llama
+#               under DDP, FSDP2, ZeRO-3, TP (and TP x FSDP2 on 4 GPUs), every rank's peak
+#               on the device and the host, against DDP's; said skipped on fewer GPUs
 # The sharded parts need a GPU and are skipped (and said) without one. Where a compiled part
 # and its eager one both ran, a table sets them side by side: samples/s, tokens/s, the ratio
 # to the bare eager loop, MFU, peak memory, how much longer the first round took (compiling).
@@ -33,7 +36,8 @@
 #
 # Settings: HYPHA_ACCEPTANCE_MODEL (default gpt2-124m; the local dry run passes tiny),
 # HYPHA_ACCEPTANCE_PARTS (default "selftest selftest-compiled fsdp fsdp-compiled deepspeed
-# profile actions actions-blocking": more than one 10-minute call; a rerun can take fewer), HYPHA_ACCEPTANCE_ANSWER_DELAY_MS (default 50: the actions parts'
+# profile actions actions-blocking parallel": more than one 10-minute call; a rerun can take
+# fewer; on a multi-GPU host `HYPHA_ACCEPTANCE_PARTS=parallel` alone fits one), HYPHA_ACCEPTANCE_ANSWER_DELAY_MS (default 50: the actions parts'
 # answer delay),
 # PYTHON (default python3, the machine's own).
 set -uo pipefail
@@ -94,7 +98,7 @@ part() {
     [ "$rc" = 0 ] || failed=1
 }
 
-parts=" ${HYPHA_ACCEPTANCE_PARTS:-selftest selftest-compiled fsdp fsdp-compiled deepspeed profile actions actions-blocking} "
+parts=" ${HYPHA_ACCEPTANCE_PARTS:-selftest selftest-compiled fsdp fsdp-compiled deepspeed profile actions actions-blocking parallel} "
 delay=${HYPHA_ACCEPTANCE_ANSWER_DELAY_MS:-50}
 wanted() { [[ $parts == *" $1 "* ]]; }
 wanted selftest && part selftest 125 --compile off
@@ -123,6 +127,19 @@ else
     say "== fsdp, deepspeed, profile: skipped: no GPU (accelerate shards only on GPUs)"
 fi
 actions=(--bridge-generation actions --answer-delay-ms "$delay")
+if wanted parallel; then
+    say ""
+    if [ "$gpus" -ge 2 ]; then
+        ranks=2
+        [ "$gpus" -ge 4 ] && ranks=2,4
+        say "== parallel: every rank's peak under each layout (bench/parallel_memory.py --gpu --ranks $ranks)"
+        timeout -k 10 "${HYPHA_ACCEPTANCE_PARALLEL_LIMIT:-480}" "$python" bench/parallel_memory.py --gpu \
+            --sizes 200m --ranks "$ranks" --rounds 2 --out "$out/parallel" \
+            >>"$summary" 2>"$logs/parallel.log" || { say "   (exit $?; see logs.tar.gz)"; failed=1; }
+    else
+        say "== parallel: skipped: $gpus GPU(s); TP and the per-rank table need 2 or more, TP x FSDP2 4"
+    fi
+fi
 wanted actions && part actions 120 "${actions[@]}" --speculative-step on --skip oom --compile off
 wanted actions-blocking && part actions-blocking 75 "${actions[@]}" --speculative-step off --skip bare,oom --compile off
 wanted actions-auto && part actions-auto 75 "${actions[@]}" --speculative-step auto --skip bare,oom --compile off
