@@ -413,18 +413,21 @@ def goal_of(case: Case, ranks: int) -> float | None:
     return case.goals.get(ranks, case.goals.get(None))
 
 
-def table(results: list[Result]) -> list[dict[str, object]]:
-    """Rows of this tree's results, with the ratios derived from the same run."""
+def table(results: list[Result], floor_gb: float) -> list[dict[str, object]]:
+    """Rows of this tree's results, with the ratios derived from the same run; `floor_gb`,
+    what a rank holds before it loads a model, taken off both sides in the second ratio (what
+    the model and its training cost, which sharding divides)."""
     mine = {(r.case, r.ranks, r.size): r for r in results if r.tree == TREE_THIS}
     theirs = {(r.case, r.ranks, r.size): r for r in results if r.tree == TREE_BASELINE}
     rows: list[dict[str, object]] = []
     for (case, ranks, size), result in mine.items():
         ddp = mine.get((BASELINE_CASE, ranks, size))
-        ratio = None
+        ratio = above = None
         # Only whole jobs: a rank that failed early has a low peak that proves nothing.
         ok = ddp is not None and ddp.status == result.status == "ok"
         if ok and ddp is not None and ddp.largest_gb and result.largest_gb:
             ratio = result.largest_gb / ddp.largest_gb
+            above = (result.largest_gb - floor_gb) / (ddp.largest_gb - floor_gb)
         goal = goal_of(CASES[case], ranks)
         base = theirs.get((case, ranks, size))
         sync_ratio = None
@@ -440,6 +443,7 @@ def table(results: list[Result]) -> list[dict[str, object]]:
                 "peaks_gb": [round(p, 4) for p in result.peaks_gb],
                 "device_peaks_gb": result.device_peaks_gb,
                 "largest_vs_ddp": None if ratio is None else round(ratio, 3),
+                "above_floor_vs_ddp": None if above is None else round(above, 3),
                 "goal": goal, "verdict": verdict,
                 "sync_s": None if result.sync_mean_s is None else round(result.sync_mean_s, 3),
                 "baseline_sync_s": None if base is None or base.sync_mean_s is None
@@ -456,7 +460,8 @@ def print_table(rows: list[dict[str, object]], with_baseline: bool) -> None:
         return "-" if value is None else f"{value:.{digits}f}"
 
     on_gpu = any(row["device_peaks_gb"] for row in rows)
-    header = ["case", "ranks", "size", "peak GB by rank", "largest / DDP", "goal", "sync s/round"]
+    header = ["case", "ranks", "size", "peak GB by rank", "largest / DDP",
+              "above the floor / DDP", "goal", "sync s/round"]  # fmt: skip
     if on_gpu:  # the ratio and goal are then the host's; the device's peaks beside them
         header.insert(4, "device peak GB by rank")
     if with_baseline:
@@ -469,6 +474,7 @@ def print_table(rows: list[dict[str, object]], with_baseline: bool) -> None:
             str(row["case"]), str(row["ranks"]), str(row["size"]),
             fmt_list(row["peaks_gb"]),  # type: ignore[arg-type]
             num(row["largest_vs_ddp"]),
+            num(row["above_floor_vs_ddp"]),
             "-" if goal is None else f"<= {goal:g} ({row['verdict']})",
             num(row["sync_s"], 3),
         ]  # fmt: skip
@@ -590,13 +596,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                         continue
                     results.append(run_case(case, ranks, size, tree, args, assets))
     with_baseline = len(trees) > 1
-    rows = table(results)
+    rows = table(results, imports[IMPORTS[-1]])
     print_table(rows, with_baseline)
     for line in skipped:
         print(line)
     print(
         "peaks are each rank's VmHWM over the whole job, absolute; a fresh Python peaks at "
         + " and ".join(f"{gb:.2f} GB after `import {modules}`" for modules, gb in imports.items())
+    )
+    print(
+        f"above the floor: both peaks less the last of those ({imports[IMPORTS[-1]]:.2f} GB), "
+        "what the model and its training cost, which is what sharding can divide"
     )
     print(
         f"sync s/round: the executor's `sync X s` (alpha.17 round lines: all of PARTS but "

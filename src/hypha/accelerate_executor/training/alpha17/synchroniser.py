@@ -28,9 +28,9 @@ from hypha.accelerate_executor.training.clocks import Laps
 from hypha.accelerate_executor.training.diloco import GlobalWeights
 from hypha.accelerate_executor.training.distributed import ModelWeights, Ranks
 
-# In order. write: gather (where the model is not sharded) and write the pseudo-gradient; send: hand it to the bridge and
-# report `update`; wait: for the parameter server; merge: theta_global += u; load: into
-# the model; report: `update-received`.
+# In order. write: gather (where the model is not sharded) and write the pseudo-gradient;
+# send: hand it to the bridge and report `update`; wait: for the parameter server; merge:
+# theta_global += u; load: into the model; report: `update-received`.
 PARTS = ("write", "send", "wait", "merge", "load", "report")
 
 
@@ -78,18 +78,17 @@ class Synchroniser:
         )
         del local
         laps.lap("write")
-        answer = None
-        update = None
+        update = ""  # where the parameter server's update lies, known to rank 0 first
         if self.bridge is not None and self.inbox is not None:
             self.bridge.send(self.updates, relative)  # never touched again
             expect(self.bridge.status("update"), Ok, sent="update")
             laps.lap("send")
             received = self.inbox.take()
             assert received is not None  # with no deadline, a file or the failure raised
-            update = received.path
+            update = str(received.path)
             laps.lap("wait")
-        update = Path(self.ranks.share(str(update)))
-        self.global_weights.merge_update(update)
+        update = self.ranks.share(update)
+        self.global_weights.merge_update(Path(update))
         laps.lap("merge")
         self.weights.load(self.global_weights.tensors)
         # The update's file is read by every rank before the parameter server may send the
