@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from safetensors.torch import load_file
 
+from hypha.accelerate_executor.training.parallelism import two_dimensional_verified
 from hypha.standin.coordinator.server import RunOptions
 from hypha.standin.data_service.assets import LlamaSpec, ensure_assets
 from hypha.standin.demo import run_demo
@@ -100,6 +101,11 @@ def test_tensor_parallel_and_2d_send_and_keep_what_ddp_does(
         )
     }
     output = "".join(capfd.readouterr())
+    two_d = two_dimensional_verified()
+    if not two_d:  # an older torch: refused before training, in one line
+        refused, _ = runs.pop("tp-fsdp")
+        assert refused["workers"]["w1"]["exit_code"] == 2
+        assert "tensor parallelism with FSDP2 beside it needs torch" in output
     ddp, ddp_kept = runs["multi-cpu"]
     for name, (summary, kept) in runs.items():
         assert summary["workers"]["w1"]["exit_code"] == 0, name
@@ -118,7 +124,8 @@ def test_tensor_parallel_and_2d_send_and_keep_what_ddp_does(
             assert (tensor - ddp_weights[tensor_name]).abs().max() < 1e-3, (name, tensor_name)
     # Rank 0's share of the weights, as each run said it.
     held = [float(x) for x in re.findall(r"rank 0 holds ([0-9.]+) of the weights", output)]
-    assert held == [pytest.approx(0.5, abs=0.01), pytest.approx(0.25, abs=0.01)], held
+    expected = [0.5, 0.25] if two_d else [0.5]
+    assert held == [pytest.approx(share, abs=0.01) for share in expected], held
 
 
 def test_a_late_joiner_under_tensor_parallelism_gets_the_model_per_block(

@@ -37,6 +37,19 @@ def tensor_parallel_size(accelerator: Accelerator) -> int:
     return int(config.tp_size) if config is not None and config.tp_enabled else 1
 
 
+# The oldest torch whose TP x FSDP2 layout was checked against whole tensors
+# (tests/sharding/sharded_outer_state_check.py): under torch 2.8 the blocks of FSDP2's
+# strided shards were not where their placements put them.
+TWO_D_TORCH = (2, 13)
+
+
+def two_dimensional_verified() -> bool:
+    import torch
+
+    release = torch.__version__.split("+")[0].split(".")
+    return (int(release[0]), int(release[1])) >= TWO_D_TORCH
+
+
 def sharded_loading(accelerator: Accelerator) -> Any:
     """transformers' DistributedConfig for loading the model split as the parallelism config
     asks (tensor parallel, then FSDP2 over dp_shard and dp_replicate); None when the layers
@@ -75,6 +88,15 @@ def check_parallelism(accelerator: Accelerator, model_folder: Path) -> None:
             f"under a {accelerator.distributed_type.value} accelerate config here; use tp.yaml, "
             "or tp-fsdp.yaml for FSDP2 beside it (distributed_type MULTI_GPU: the model is "
             "sharded both ways as it loads)"
+        )
+    beside = int(config.dp_shard_size or 1) * int(config.dp_replicate_size or 1)
+    if beside > 1 and not two_dimensional_verified():
+        import torch
+
+        raise TensorParallelRefused(
+            f"tensor parallelism with FSDP2 beside it needs torch {'.'.join(map(str, TWO_D_TORCH))} "
+            f"or later here (this is {torch.__version__}, whose strided shards did not hold the "
+            "weights where their placements say); use tp.yaml or fsdp.yaml"
         )
     architecture, plan = _model_plan(model_folder)
     if not plan:

@@ -117,7 +117,6 @@ def shares_of(
     lowest writes it. `gather`: every rank's value of its argument, in rank order (a
     collective); None for one process."""
     from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     state = module.state_dict(keep_vars=True)
     blocks: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = {}
@@ -127,9 +126,7 @@ def shares_of(
         if not isinstance(tensor, DTensor):
             blocks[name] = (full_shape, full_shape, (0,) * len(full_shape))
             continue
-        shape, offset = compute_local_shape_and_global_offset(
-            full_shape, tensor.device_mesh, tensor.placements
-        )
+        shape, offset = block_of(full_shape, tensor.device_mesh, tensor.placements)
         local_shape = tuple(tensor.to_local().shape)
         if tuple(shape) != local_shape:
             raise ValueError(
@@ -145,6 +142,34 @@ def shares_of(
         )
         shares[name] = Share(full_shape, shape, offset, writes=first == rank)
     return shares
+
+
+def block_of(
+    full_shape: tuple[int, ...], mesh: Any, placements: Any
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The shape and offset of this rank's block of a DTensor of `full_shape`. Each dimension
+    is cut as torch.chunk cuts it (the last pieces may be shorter, or empty), by every mesh
+    dimension that shards it: the plain shards in mesh order, then the strided ones, which
+    FSDP2 over tensor parallelism places before the tensor-parallel shard although they cut
+    its piece (torch 2.8's own compute_local_shape_and_global_offset puts such a block in the
+    wrong place)."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    coordinate = mesh.get_coordinate() or [0] * mesh.ndim
+    shape, offset = list(full_shape), [0] * len(full_shape)
+    cuts = [
+        (isinstance(placement, _StridedShard), mesh_dim, placement.dim)
+        for mesh_dim, placement in enumerate(placements)
+        if isinstance(placement, (Shard, _StridedShard))
+    ]
+    for _strided, mesh_dim, dim in sorted(cuts):  # plain before strided, each in mesh order
+        pieces = mesh.size(mesh_dim)
+        piece = -(-shape[dim] // pieces)
+        start = min(coordinate[mesh_dim] * piece, shape[dim])
+        offset[dim] += start
+        shape[dim] = min(piece, shape[dim] - start)
+    return tuple(shape), tuple(offset)
 
 
 def is_partitioned(module: torch.nn.Module) -> bool:
