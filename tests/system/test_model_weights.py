@@ -71,7 +71,8 @@ def test_the_outer_state_is_kept_and_written_per_block(
     on_cpu = {} if kind == "zero3" else {"ACCELERATE_USE_CPU": "True"}
     result = launch(
         cpu_config(config, tmp_path), processes, SHARDED_CHECK, kind, str(tmp_path),
-        PYTHONPATH=str(TESTS / "sharding"), **on_cpu,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(TESTS / "sharding"), os.environ.get("PYTHONPATH")])),
+        **on_cpu,
     )  # fmt: skip
     # The ranks share one stdout: their lines may run into each other.
     found = re.findall(r"ok (\d) ([0-9.]+)", result.stdout)

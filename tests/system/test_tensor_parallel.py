@@ -13,6 +13,7 @@ within 1 %, and the model each one keeps must be DDP's.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -32,6 +33,7 @@ pytestmark = pytest.mark.slow
 BRIDGE_ARGS = ("--socket", "{SOCKET_PATH}", "--work-dir", "{WORK_DIR}", "--job", "{JOB_JSON}")
 GATES_LIFTED = TESTS / "sharding" / "gpu_gates_lifted"
 TOLERANCE = 0.01
+PYTHONPATH = os.environ.get("PYTHONPATH", "")  # kept behind the gates' folder
 
 
 def cpu_config(name: str, folder: Path) -> Path:
@@ -48,7 +50,7 @@ def cpu_config(name: str, folder: Path) -> Path:
 def entry(config: Path, processes: int, kept: Path, settings: dict[str, str]) -> ExecutorEntry:
     env = [("ACCELERATE_USE_CPU", "True"), ("HYPHA_MODEL_DIR", str(kept)), *settings.items()]
     if "multi-cpu" not in config.name:  # DDP on the CPU is what accelerate runs as it is
-        env.append(("PYTHONPATH", str(GATES_LIFTED)))
+        env.append(("PYTHONPATH", os.pathsep.join(filter(None, [str(GATES_LIFTED), PYTHONPATH]))))
     return ExecutorEntry(
         sys.executable,
         ("-m", "hypha.accelerate_executor.platform.launcher", "--accelerate-config",
