@@ -22,6 +22,8 @@ EXPECTED = {
     "deepspeed-zero2": (DistributedType.DEEPSPEED, False, 2),
     "deepspeed-zero3": (DistributedType.DEEPSPEED, False, 2),
     "mps": (DistributedType.NO, False, 1),
+    "tp": (DistributedType.MULTI_GPU, False, 2),
+    "tp-fsdp": (DistributedType.MULTI_GPU, False, 4),
 }
 
 
@@ -64,3 +66,21 @@ def test_deepspeed_configs_set_their_zero_stage(stage: int) -> None:
     config = load_config_from_file(str(CONFIGS / f"deepspeed-zero{stage}.yaml"))
     assert config.deepspeed_config["zero_stage"] == stage
     assert config.deepspeed_config["offload_optimizer_device"] == "none"
+
+
+@pytest.mark.parametrize(
+    ("name", "sizes"),
+    [("tp", {"TP_SIZE": "2"}), ("tp-fsdp", {"TP_SIZE": "2", "DP_SHARD_SIZE": "2"})],
+)
+def test_tensor_parallel_configs_reach_the_ranks_as_a_parallelism_config(
+    name: str, sizes: dict[str, str]
+) -> None:
+    args = launch_command_parser().parse_args(
+        ["--config_file", str(CONFIGS / f"{name}.yaml"), "train.py"]
+    )
+    args, _, _ = _validate_launch_command(args)
+    env = prepare_multi_gpu_env(args)
+    # What accelerate's Accelerator reads its ParallelismConfig from on every rank.
+    assert env["ACCELERATE_USE_PARALLELISM_CONFIG"] == "true"
+    for size, value in sizes.items():
+        assert env[f"PARALLELISM_CONFIG_{size}"] == value
