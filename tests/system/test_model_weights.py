@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from cpu_configs import cpu_config
 from hypha.accelerate_executor.platform.launcher.plan import free_port
 from hypha.accelerate_executor.training.parallelism import two_dimensional_verified
 from repo_paths import REPO, TESTS
@@ -36,18 +37,6 @@ def launch(
     )  # fmt: skip
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     return result
-
-
-def cpu_config(name: str, folder: Path) -> Path:
-    """A bundled config for the CPU and fp32: what only a GPU would change left as shipped."""
-    text = (REPO / "accelerate-configs" / f"{name}.yaml").read_text()
-    path = folder / f"{name}.yaml"
-    path.write_text(
-        text.replace("use_cpu: false", "use_cpu: true").replace(
-            "mixed_precision: bf16", "mixed_precision: 'no'"
-        )
-    )
-    return path
 
 
 @pytest.mark.parametrize(

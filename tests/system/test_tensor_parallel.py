@@ -22,29 +22,19 @@ from typing import Any
 import pytest
 from safetensors.torch import load_file
 
+from cpu_configs import cpu_config
 from hypha.accelerate_executor.training.parallelism import two_dimensional_verified
 from hypha.standin.coordinator.server import RunOptions
 from hypha.standin.data_service.assets import LlamaSpec, ensure_assets
 from hypha.standin.demo import run_demo
 from hypha.standin.worker.worker import ExecutorEntry
-from repo_paths import REPO, TESTS
+from repo_paths import TESTS
 
 pytestmark = pytest.mark.slow
 BRIDGE_ARGS = ("--socket", "{SOCKET_PATH}", "--work-dir", "{WORK_DIR}", "--job", "{JOB_JSON}")
 GATES_LIFTED = TESTS / "sharding" / "gpu_gates_lifted"
 TOLERANCE = 0.01
 PYTHONPATH = os.environ.get("PYTHONPATH", "")  # kept behind the gates' folder
-
-
-def cpu_config(name: str, folder: Path) -> Path:
-    text = (REPO / "accelerate-configs" / f"{name}.yaml").read_text()
-    path = folder / f"{name}.yaml"
-    path.write_text(
-        text.replace("use_cpu: false", "use_cpu: true").replace(
-            "mixed_precision: bf16", "mixed_precision: 'no'"
-        )
-    )
-    return path
 
 
 def entry(config: Path, processes: int, kept: Path, settings: dict[str, str]) -> ExecutorEntry:
