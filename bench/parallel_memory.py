@@ -105,8 +105,10 @@ BASELINE_CASE = "ddp"
 
 
 @dataclass(frozen=True)
-class LlamaSpec(AssetSpec):
-    """The stand-in's causal-LM data, and a Llama of the given shape in place of its GPT-2."""
+class BenchLlama(AssetSpec):
+    """The stand-in's causal-LM data, and a Llama of the given shape in place of its GPT-2.
+    Not the stand-in's own LlamaSpec: the baseline tree a run compares with (4a389a6) has only
+    AssetSpec, and the same class must build both trees' assets."""
 
     model_vocab: int = 32000
     hidden: int = 512
@@ -153,11 +155,11 @@ class LlamaSpec(AssetSpec):
         LlamaForCausalLM(config).save_pretrained(folder)
 
 
-SIZES: dict[str, LlamaSpec] = {
+SIZES: dict[str, BenchLlama] = {
     # --quick's smoke size, about 5.3M.
-    "5m": LlamaSpec(model_vocab=4096, hidden=256, layers=4, heads=4, intermediate=688),
-    "50m": LlamaSpec(model_vocab=32000, hidden=512, layers=6, heads=8, intermediate=1408),  # 52M
-    "200m": LlamaSpec(
+    "5m": BenchLlama(model_vocab=4096, hidden=256, layers=4, heads=4, intermediate=688),
+    "50m": BenchLlama(model_vocab=32000, hidden=512, layers=6, heads=8, intermediate=1408),  # 52M
+    "200m": BenchLlama(
         model_vocab=32000, hidden=1024, layers=10, heads=16, intermediate=2816
     ),  # 194M
 }
