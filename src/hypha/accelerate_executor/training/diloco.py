@@ -40,6 +40,8 @@ from hypha.accelerate_executor.training.tensorfile import TensorEntry, layout, r
 if TYPE_CHECKING:
     from hypha.accelerate_executor.training.distributed import Ranks
 
+# Elements [start, stop) of one tensor's block, computed into `out` where they must be.
+Slicer = Callable[[int, int, torch.Tensor], torch.Tensor]
 # Elements per streamed chunk: 4 MiB of fp32, which stays in a core's cache.
 CHUNK = 1 << 20
 # Places per tensor that the digest reads.
@@ -86,24 +88,31 @@ class GlobalWeights:
         floating differences, computed in fp32 before the cast; a counter or a mask is never
         scaled."""
 
-        def difference(name: str, start: int, stop: int, out: torch.Tensor) -> torch.Tensor:
-            theta_global = self.tensors[name].view(-1)[start:stop]
-            theta_local = local[name].detach().reshape(-1)[start:stop].to("cpu", out.dtype)
-            if out.dtype == torch.bool:  # booleans do not subtract: a change is sent as XOR
-                return torch.bitwise_xor(theta_local, theta_global, out=out)
-            delta = torch.sub(theta_local, theta_global, out=out)
-            return delta.mul_(weight) if weight != 1.0 and out.dtype.is_floating_point else delta
+        def differences(name: str) -> Slicer:
+            theta_global = self.tensors[name].view(-1)
+            theta_local = local[name].detach().reshape(-1)
 
-        return self._write(path, list(local), dtype, difference)
+            def difference(start: int, stop: int, out: torch.Tensor) -> torch.Tensor:
+                here = theta_local[start:stop].to("cpu", out.dtype)
+                if out.dtype == torch.bool:  # booleans do not subtract: a change is sent as XOR
+                    return torch.bitwise_xor(here, theta_global[start:stop], out=out)
+                delta = torch.sub(here, theta_global[start:stop], out=out)
+                scaled = weight != 1.0 and out.dtype.is_floating_point
+                return delta.mul_(weight) if scaled else delta
+
+            return difference
+
+        return self._write(path, list(local), dtype, differences)
 
     def write_model(self, path: Path) -> int:
         """theta_global as a safetensors file (what a late joiner loads, and the model a job
         leaves); its size."""
 
-        def value(name: str, start: int, stop: int, out: torch.Tensor) -> torch.Tensor:
-            return self.tensors[name].view(-1)[start:stop]
+        def values(name: str) -> Slicer:
+            theta_global = self.tensors[name].view(-1)
+            return lambda start, stop, out: theta_global[start:stop]
 
-        return self._write(path, list(self.shares), None, value, {"format": "pt"})
+        return self._write(path, list(self.shares), None, values, {"format": "pt"})
 
     def merge_update(self, path: Path, keep: bool = False) -> Merged:
         """theta_global += u for every tensor the update holds. With `keep`, this rank's block
@@ -190,12 +199,13 @@ class GlobalWeights:
         path: Path,
         names: list[str],
         dtype: torch.dtype | None,
-        values: Callable[[str, int, int, torch.Tensor], torch.Tensor],
+        values: Callable[[str], Slicer],
         metadata: dict[str, str] | None = None,
     ) -> int:
-        """Every rank writes its runs of `values(name, start, stop, out)` (elements
-        [start, stop) of its block, computed into `out` where it must be computed) at their
-        offsets in `path`; rank 0 writes the header. Floating tensors go in `dtype` (None:
+        """Every rank writes its runs of `values(name)(start, stop, out)` (elements
+        [start, stop) of its block, computed into `out` where it must be computed; `values`
+        is asked once a tensor, its slicer once a chunk, which a block of many short runs
+        calls often) at their offsets in `path`; rank 0 writes the header. Floating tensors go in `dtype` (None:
         their own), the others in their own. Returns the file's size, once every rank wrote."""
         header, entries = layout(
             [(name, self._wire_dtype(name, dtype), self.shares[name].full_shape) for name in names],
@@ -215,13 +225,12 @@ class GlobalWeights:
                     if not share.writes:
                         continue
                     kept = self.tensors[entry.name].dtype
+                    piece = values(entry.name)
                     for full_start, start, length in share.runs:
                         for done in range(0, length, CHUNK):
                             count = min(CHUNK, length - done)
-                            chunk = values(
-                                entry.name, start + done, start + done + count,
-                                self._chunk(kept, count),
-                            )  # fmt: skip
+                            begin = start + done
+                            chunk = piece(begin, begin + count, self._chunk(kept, count))
                             if chunk.dtype != entry.dtype:
                                 chunk = self._chunk(entry.dtype, count).copy_(chunk)
                             place = entry.offset + (full_start + done) * entry.dtype.itemsize
