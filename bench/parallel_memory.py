@@ -23,6 +23,8 @@ which lifts accelerate's GPU-only gates as a GPU host would (FSDP's distributed 
   zero3     deepspeed-zero3.yaml                                 -
   tp        tp.yaml (parallelism_config_tp_size)                 tp
   tp-fsdp2  tp-fsdp.yaml (dp_shard_size x tp_size), 4 ranks only tp
+  ddp-ckpt, fsdp2-ckpt: ddp and fsdp2 with HYPHA_GRADIENT_CHECKPOINTING=on (no baseline tree
+            run: the baseline has no such setting)
 
 A case whose config file is missing is skipped with one line saying so.
 
@@ -89,6 +91,9 @@ class Case:
     ranks: tuple[int, ...] | None = None  # None: every --ranks
     # The goal for the largest rank against DDP's, by rank count (None: at any).
     goals: dict[int | None, float] = field(default_factory=dict)
+    # HYPHA_GRADIENT_CHECKPOINTING=on: a rank's activations, which no sharding divides (they
+    # are its share of the batch's), recomputed in the backward instead of kept.
+    checkpointing: bool = False
 
 
 CASES: dict[str, Case] = {
@@ -99,6 +104,8 @@ CASES: dict[str, Case] = {
         Case("zero3", "deepspeed-zero3.yaml", ()),
         Case("tp", "tp.yaml", ("tp",), goals={None: 0.65}),
         Case("tp-fsdp2", "tp-fsdp.yaml", ("tp",), ranks=(4,)),  # 2 x 2
+        Case("ddp-ckpt", "multi-cpu.yaml", (), checkpointing=True),
+        Case("fsdp2-ckpt", "fsdp.yaml", ("fsdp",), goals={2: 0.55, 4: 0.3}, checkpointing=True),
     )
 }
 BASELINE_CASE = "ddp"
@@ -164,6 +171,8 @@ SIZES: dict[str, BenchLlama] = {
     ),  # 194M
 }
 SYNC_LINE = re.compile(rf"\[{WORKER}\] round (\d+): .*\| sync ([\d.]+) s \(")
+# A round's batches and the time its steps took (the round line's `step X ms`).
+STEP_LINE = re.compile(rf"\[{WORKER}\] round (\d+): .*?\| (\d+) batches,.*?\| step ([\d.]+) ms")
 # The executor's own per-rank GPU peaks (max-allocated), in its round lines on a GPU.
 DEVICE_PEAKS = re.compile(rf"\[{WORKER}\] round \d+: .*\| peak device ([\d./]+) GB")
 TREE_THIS, TREE_BASELINE = "this", "baseline"
@@ -182,6 +191,7 @@ class Result:
     seconds: float
     peaks_gb: list[float] = field(default_factory=list)  # by rank
     sync_s: list[float] = field(default_factory=list)  # by round
+    step_s: list[float] = field(default_factory=list)  # a batch's step, by round
     device_peaks_gb: list[float] = field(default_factory=list)  # by rank, with --gpu
     log: str = ""
 
@@ -192,6 +202,10 @@ class Result:
     @property
     def sync_mean_s(self) -> float | None:
         return statistics.mean(self.sync_s) if self.sync_s else None
+
+    @property
+    def step_mean_s(self) -> float | None:
+        return statistics.mean(self.step_s) if self.step_s else None
 
 
 def say(text: str) -> None:
@@ -253,6 +267,8 @@ def one_job(spec: dict[str, object]) -> int:
         env = {**launch.env, "HYPHA_BENCH_PEAKS": str(spec["peaks"])}
         if case.lifts and not gpu:
             env["ACCELERATE_USE_CPU"] = "True"  # gloo, as accelerate's CPU path joins
+        if case.checkpointing:
+            env["HYPHA_GRADIENT_CHECKPOINTING"] = "on"
         # The ranks share the cores: oversubscribed torch threads only slow every rank.
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // ranks))
         print(f"parallel-memory: command: {' '.join(command)}", flush=True)
@@ -350,6 +366,9 @@ def run_case(
     result.peaks_gb = [record["VmHWM"] * KB / GB for record in records]
     by_round = {int(m.group(1)): float(m.group(2)) for m in SYNC_LINE.finditer(output)}
     result.sync_s = [by_round[number] for number in sorted(by_round)]
+    steps = {int(m.group(1)): float(m.group(3)) / 1000 / max(1, int(m.group(2)))
+             for m in STEP_LINE.finditer(output)}  # fmt: skip
+    result.step_s = [steps[number] for number in sorted(steps)]
     device = DEVICE_PEAKS.findall(output)
     if device:  # the last round's: the peak over the whole job so far
         result.device_peaks_gb = [float(value) for value in device[-1].split("/")]
@@ -432,10 +451,14 @@ def table(results: list[Result], floor_gb: float) -> list[dict[str, object]]:
             above = (result.largest_gb - floor_gb) / (ddp.largest_gb - floor_gb)
         goal = goal_of(CASES[case], ranks)
         base = theirs.get((case, ranks, size))
-        sync_ratio = None
+        sync_ratio = step_ratio = peak_ratio = None
         ok = base is not None and base.status == result.status == "ok"
         if ok and base is not None and base.sync_mean_s and result.sync_mean_s:
             sync_ratio = result.sync_mean_s / base.sync_mean_s
+        if ok and base is not None and base.step_mean_s and result.step_mean_s:
+            step_ratio = result.step_mean_s / base.step_mean_s
+        if ok and base is not None and base.largest_gb and result.largest_gb:
+            peak_ratio = result.largest_gb / base.largest_gb
         verdict = "-"
         if goal is not None and ratio is not None:
             verdict = "met" if ratio <= goal else "GAP"
@@ -452,6 +475,9 @@ def table(results: list[Result], floor_gb: float) -> list[dict[str, object]]:
                 else round(base.sync_mean_s, 3),
                 "baseline_peaks_gb": None if base is None else [round(p, 4) for p in base.peaks_gb],
                 "sync_vs_baseline": None if sync_ratio is None else round(sync_ratio, 3),
+                "step_s": None if result.step_mean_s is None else round(result.step_mean_s, 3),
+                "step_vs_baseline": None if step_ratio is None else round(step_ratio, 3),
+                "largest_vs_baseline": None if peak_ratio is None else round(peak_ratio, 3),
             }
         )  # fmt: skip
     return rows
@@ -463,11 +489,11 @@ def print_table(rows: list[dict[str, object]], with_baseline: bool) -> None:
 
     on_gpu = any(row["device_peaks_gb"] for row in rows)
     header = ["case", "ranks", "size", "peak GB by rank", "largest / DDP",
-              "above the floor / DDP", "goal", "sync s/round"]  # fmt: skip
+              "above the floor / DDP", "goal", "sync s/round", "step s/batch"]  # fmt: skip
     if on_gpu:  # the ratio and goal are then the host's; the device's peaks beside them
         header.insert(4, "device peak GB by rank")
     if with_baseline:
-        header += ["baseline sync s", "sync / baseline"]
+        header += ["baseline sync s", "sync / baseline", "largest / baseline", "step / baseline"]
     header.append("status")
     lines = [header]
     for row in rows:
@@ -479,11 +505,13 @@ def print_table(rows: list[dict[str, object]], with_baseline: bool) -> None:
             num(row["above_floor_vs_ddp"]),
             "-" if goal is None else f"<= {goal:g} ({row['verdict']})",
             num(row["sync_s"], 3),
+            num(row["step_s"], 2),
         ]  # fmt: skip
         if on_gpu:
             line.insert(4, fmt_list(row["device_peaks_gb"]))  # type: ignore[arg-type]
         if with_baseline:
-            line += [num(row["baseline_sync_s"], 3), num(row["sync_vs_baseline"])]
+            line += [num(row["baseline_sync_s"], 3), num(row["sync_vs_baseline"]),
+                     num(row["largest_vs_baseline"]), num(row["step_vs_baseline"])]  # fmt: skip
         line.append(str(row["status"]))
         lines.append(line)
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
@@ -590,10 +618,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 order = trees if turn % 2 == 0 else trees[::-1]
                 turn += 1
                 for tree in order:
-                    # A layout the baseline has no config for is this tree's alone.
-                    if (
-                        tree[0] == TREE_BASELINE
-                        and not (tree[1] / "accelerate-configs" / case.config).is_file()
+                    # A layout the baseline has no config for is this tree's alone, and so
+                    # is checkpointing: the baseline tree has no such setting.
+                    if tree[0] == TREE_BASELINE and (
+                        case.checkpointing
+                        or not (tree[1] / "accelerate-configs" / case.config).is_file()
                     ):
                         continue
                     results.append(run_case(case, ranks, size, tree, args, assets))
@@ -612,7 +641,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(
         f"sync s/round: the executor's `sync X s` (alpha.17 round lines: all of PARTS but "
-        f"the wait), mean of {args.rounds} rounds of {args.steps_per_round} batches"
+        f"the wait), mean of {args.rounds} rounds of {args.steps_per_round} batches; step "
+        "s/batch: the round line's `step X ms` over its batches, mean of the rounds"
     )
     (args.out / "results.json").write_text(
         json.dumps(

@@ -189,7 +189,10 @@ def _container_of(job: WorkerJob, api: Any, command: list[str], env: dict[str, s
     )
     job.processes.append(process)
     wait_for_line(process, b"ready")
-    [container] = api.containers(filters={"label": f"hypha.accelerate.work-dir={job.work_dir}"})
+    # all=True: the engine may not have marked the container running yet when its process
+    # has already printed (seen under load); its configuration is set from its creation.
+    label = f"hypha.accelerate.work-dir={job.work_dir}"
+    [container] = api.containers(all=True, filters={"label": label})
     return api.inspect_container(container["Id"]), process
 
 
