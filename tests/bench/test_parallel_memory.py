@@ -1,7 +1,8 @@
 """bench/parallel_memory.py runs end to end at its quick size (the 5M Llama, DDP, DDP with
 gradient checkpointing and FSDP2 at 2 ranks) and prints a row of figures per case, and a case
-whose accelerate config is missing is skipped in one line. No figure is asserted: on a shared 2-core machine a 5M model's peaks
-are mostly the libraries', and two rounds of two batches time nothing."""
+whose accelerate config is missing is skipped in one line. No figure is asserted: on a shared
+2-core machine a 5M model's peaks are mostly the libraries', and two rounds of two batches
+time nothing."""
 
 from __future__ import annotations
 
