@@ -21,14 +21,6 @@ from hypha.accelerate_executor.platform.launcher.configs import (
 from hypha.accelerate_executor.platform.launcher.discovery import count_gpus, image_variant
 
 TRAINING_MODULE = "hypha.accelerate_executor.training"
-# glibc's malloc starts by mapping blocks of 128 KiB and more on their own, returned to the
-# system when freed, but raises that threshold to the size of each such block freed, up to
-# 32 MiB: after the first step nearly every activation and gradient comes from its heaps,
-# which keep what is freed. A rank's resident peak then exceeds what its tensors hold at any
-# moment by about 0.6 GB (a 194M-parameter Llama under FSDP2 on 2 CPU ranks:
-# docs/performance.md). Set, the threshold stays where it starts. glibc only reads it (macOS
-# ignores it), and an operator's own value is kept.
-MMAP_THRESHOLD = ("MALLOC_MMAP_THRESHOLD_", str(128 * 1024))
 
 
 @dataclass(frozen=True)
@@ -99,12 +91,10 @@ def plan(
     if args.job:
         training_args += ["--job", args.job]
     extra_env: dict[str, str] = {}
-    if MMAP_THRESHOLD[0] not in env:
-        extra_env[MMAP_THRESHOLD[0]] = MMAP_THRESHOLD[1]
     if distributed == "NO":
         # What `accelerate launch` exports for one process, without its start-up cost.
         dynamo = (config.get("dynamo_config") or {}).get("dynamo_backend", "no")
-        extra_env |= {
+        extra_env = {
             "ACCELERATE_USE_CPU": str(bool(config.get("use_cpu"))),
             "ACCELERATE_MIXED_PRECISION": str(config.get("mixed_precision") or "no").lower(),
             "ACCELERATE_DYNAMO_BACKEND": str(dynamo).upper(),
