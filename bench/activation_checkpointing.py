@@ -107,43 +107,60 @@ def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {**runs[0], **{name: statistics.median(run[name] for run in runs) for name in figures}}
 
 
-def measured(case: str, argv: list[str]) -> dict[str, Any]:
+def measured(
+    case: str, argv: list[str], env: dict[str, str] | None = None, label: str = ""
+) -> dict[str, Any]:
+    """One process of this script's `case` on the step shape `argv`, in `env` (default this
+    process's environment); `label` names it if it fails (default: the case)."""
     done = subprocess.run(
         [sys.executable, __file__, *argv, "--case", case],
         capture_output=True,
         text=True,
         check=False,
+        env=env,
     )
     if done.returncode != 0:
-        raise SystemExit(f"the {case} case failed: {done.stderr.strip()[-2000:]}")
+        raise SystemExit(f"{label or f'the {case} case'} failed: {done.stderr.strip()[-2000:]}")
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def step_parser(description: str, steps: int, repeats: int) -> argparse.ArgumentParser:
+    """The step's shape, its repeats, --smoke and --json: this bench's and
+    bench/host_allocator.py's arguments."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=640)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--sequence", type=int, default=512)
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=1, help="processes a side, in turns")
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--repeats", type=int, default=repeats, help="processes a side, in turns")
     parser.add_argument(
         "--smoke", action="store_true", help="2 layers of 64, 2 x 32 tokens, 1 step"
     )
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--case", choices=("kept", "checkpointed"), help=argparse.SUPPRESS)
-    arguments = parser.parse_args(argv)
+    return parser
+
+
+def step_shape(arguments: argparse.Namespace) -> list[str]:
+    """The child's arguments for the parsed shape, --smoke's tiny one where asked."""
     if arguments.smoke:
         arguments.layers, arguments.hidden, arguments.batch = 2, 64, 2
         arguments.sequence, arguments.steps, arguments.repeats = 32, 1, 1
-    if arguments.case:  # the child
-        print(json.dumps(one_case(arguments)))
-        return 0
-    shape = [
+    return [
         f"--layers={arguments.layers}", f"--hidden={arguments.hidden}", f"--batch={arguments.batch}",
         f"--sequence={arguments.sequence}", f"--steps={arguments.steps}",
     ]  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = step_parser(__doc__.split("\n\n")[0], steps=3, repeats=1)
+    parser.add_argument("--case", choices=("kept", "checkpointed"), help=argparse.SUPPRESS)
+    arguments = parser.parse_args(argv)
+    shape = step_shape(arguments)
+    if arguments.case:  # the child
+        print(json.dumps(one_case(arguments)))
+        return 0
     runs: dict[str, list[dict[str, Any]]] = {"kept": [], "checkpointed": []}
     for _ in range(arguments.repeats):
         for case, processes in runs.items():

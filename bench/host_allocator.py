@@ -18,17 +18,18 @@ is what holding the threshold saves, above 1 for time what it costs.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-STEP = Path(__file__).resolve().parent / "activation_checkpointing.py"
+if __name__ == "__main__" and not __package__:
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+from bench.activation_checkpointing import measured, median_of, step_parser, step_shape
+
 SIDES = ("glibc default", "threshold held")
 # glibc's own starting threshold, 128 KiB, kept from growing.
 MMAP_THRESHOLD = ("MALLOC_MMAP_THRESHOLD_", str(128 * 1024))
@@ -38,52 +39,25 @@ def one_process(side: str, shape: list[str]) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if k != MMAP_THRESHOLD[0]}
     if side == "threshold held":
         env[MMAP_THRESHOLD[0]] = MMAP_THRESHOLD[1]
-    done = subprocess.run(
-        [sys.executable, str(STEP), *shape, "--case", "kept"],
-        capture_output=True, text=True, check=False, env=env,
-    )  # fmt: skip
-    if done.returncode != 0:
-        raise SystemExit(f"host-allocator: the {side} side failed: {done.stderr.strip()[-2000:]}")
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+    return measured("kept", shape, env, label=f"host-allocator: the {side} side")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--hidden", type=int, default=640)
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--sequence", type=int, default=512)
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=3, help="processes a side, in turns")
-    parser.add_argument("--smoke", action="store_true", help="2 layers of 64, 2 x 32 tokens")
-    parser.add_argument("--json", type=Path)
-    arguments = parser.parse_args(argv)
-    if arguments.smoke:
-        arguments.layers, arguments.hidden, arguments.batch = 2, 64, 2
-        arguments.sequence, arguments.steps, arguments.repeats = 32, 1, 1
-    shape = [
-        f"--layers={arguments.layers}", f"--hidden={arguments.hidden}", f"--batch={arguments.batch}",
-        f"--sequence={arguments.sequence}", f"--steps={arguments.steps}",
-    ]  # fmt: skip
+    arguments = step_parser(__doc__.split("\n\n")[0], steps=5, repeats=3).parse_args(argv)
+    shape = step_shape(arguments)
     runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
     for turn in range(arguments.repeats):
         # The sides take turns going first, so that a busy spell falls on both.
         for side in SIDES if turn % 2 == 0 else SIDES[::-1]:
             runs[side].append(one_process(side, shape))
-    medians = {
-        side: {name: statistics.median(run[name] for run in processes)
-               for name in ("peak_bytes", "before_steps_bytes", "step_s")}
-        for side, processes in runs.items()
-    }  # fmt: skip
+    medians = {side: median_of(processes) for side, processes in runs.items()}
     default, held = medians[SIDES[0]], medians[SIDES[1]]
-    first = runs[SIDES[0]][0]
-    same_losses = runs[SIDES[0]][0]["losses"] == runs[SIDES[1]][0]["losses"]
+    same_losses = default["losses"] == held["losses"]
     result = {
         "date": time.strftime("%Y-%m-%d"),
-        "device": first["device"],
-        "threads": first["threads"],
-        "parameters": first["parameters"],
+        "device": default["device"],
+        "threads": default["threads"],
+        "parameters": default["parameters"],
         "threshold": f"{MMAP_THRESHOLD[0]}={MMAP_THRESHOLD[1]}",
         "arguments": {k: v for k, v in vars(arguments).items() if k != "json"},
         "sides": medians,
@@ -91,11 +65,11 @@ def main(argv: list[str] | None = None) -> int:
         "step_time_ratio": held["step_s"] / default["step_s"],
         "same_losses": same_losses,
     }
-    what = "max-allocated" if first["device"].startswith("cuda") else "peak RSS"
+    what = "max-allocated" if default["device"].startswith("cuda") else "peak RSS"
     print(
-        f"host allocator, {first['parameters'] / 1e6:.1f}M-parameter Llama ({arguments.layers} "
+        f"host allocator, {default['parameters'] / 1e6:.1f}M-parameter Llama ({arguments.layers} "
         f"layers of {arguments.hidden}), batch {arguments.batch}x{arguments.sequence} on "
-        f"{first['device']} ({first['threads']} threads):"
+        f"{default['device']} ({default['threads']} threads):"
     )
     for side, figures in medians.items():
         print(

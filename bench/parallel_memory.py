@@ -453,12 +453,13 @@ def table(results: list[Result], floor_gb: float) -> list[dict[str, object]]:
         base = theirs.get((case, ranks, size))
         sync_ratio = step_ratio = peak_ratio = None
         ok = base is not None and base.status == result.status == "ok"
-        if ok and base is not None and base.sync_mean_s and result.sync_mean_s:
-            sync_ratio = result.sync_mean_s / base.sync_mean_s
-        if ok and base is not None and base.step_mean_s and result.step_mean_s:
-            step_ratio = result.step_mean_s / base.step_mean_s
-        if ok and base is not None and base.largest_gb and result.largest_gb:
-            peak_ratio = result.largest_gb / base.largest_gb
+        if ok and base is not None:
+            if base.sync_mean_s and result.sync_mean_s:
+                sync_ratio = result.sync_mean_s / base.sync_mean_s
+            if base.step_mean_s and result.step_mean_s:
+                step_ratio = result.step_mean_s / base.step_mean_s
+            if base.largest_gb and result.largest_gb:
+                peak_ratio = result.largest_gb / base.largest_gb
         verdict = "-"
         if goal is not None and ratio is not None:
             verdict = "met" if ratio <= goal else "GAP"
